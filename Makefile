@@ -1,0 +1,31 @@
+# The two commands a user needs: `make demo` and `make test` (each runs `setup` first).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test ui clean check-java
+
+check-java:
+	@$(PYTHON) scripts/check_java.py
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+setup: check-java $(STAMP)
+
+demo: setup
+	@$(BIN)/cdc demo
+
+test: setup
+	@$(BIN)/python -m pytest -q
+
+ui: setup
+	@mkdir -p .dagster_home
+	@DAGSTER_HOME=$(CURDIR)/.dagster_home $(BIN)/dagster dev -w workspace.yaml
+
+clean:
+	rm -rf .cdc-demo .dagster_home .pytest_cache

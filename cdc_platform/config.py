@@ -1,0 +1,261 @@
+"""One typed configuration object for every entry point (CLI, streaming job, Dagster).
+
+The file is YAML (`cdc.yaml`). Its path comes from `--config` or, failing that, `CDC_CONFIG`; CLI flags
+override what the file says. Relative paths resolve against the file's directory so a config can travel
+with its data. Unknown keys are rejected instead of ignored: a typo such as `keys:` for `key:` would
+otherwise silently produce a table with no latest state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdc_platform.errors import ConfigError
+
+CONFIG_ENV_VAR = "CDC_CONFIG"
+
+#: Lake table names the platform owns; a configured table may not take one of them.
+SYSTEM_TABLES: tuple[str, ...] = (
+    "raw_change_events",
+    "transaction_markers",
+    "dead_letter",
+    "pipeline_metrics",
+    "transactions",
+    "incomplete_transactions",
+    "late_transaction_events",
+    "open_transactions",
+    "consistency_watermark",
+)
+
+LAKE_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,127}$")
+SOURCE_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$\-]{0,127}$")
+COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,127}$")
+
+_TOP_KEYS = {
+    "landing",
+    "lake",
+    "checkpoint",
+    "tables",
+    "trigger_interval",
+    "max_files_per_trigger",
+    "transaction_timeout",
+}
+_TABLE_KEYS = {"key", "mask", "name"}
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """A source table the platform keeps a latest state for."""
+
+    source: str  # "<db-or-schema>.<table>", as the connector names it
+    name: str  # lake name: directory and SQL name
+    key: tuple[str, ...]
+    mask: tuple[str, ...] = ()
+
+    def to_registry(self) -> dict[str, Any]:
+        return {"source": self.source, "name": self.name, "key": list(self.key), "mask": list(self.mask)}
+
+    @classmethod
+    def from_registry(cls, entry: Mapping[str, Any]) -> TableConfig:
+        return cls(
+            source=str(entry["source"]),
+            name=str(entry["name"]),
+            key=tuple(entry["key"]),
+            mask=tuple(entry.get("mask", ())),
+        )
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    """Everything a run needs. Build it with `load_config`; never read the environment elsewhere."""
+
+    landing: Path
+    lake: Path
+    tables: tuple[TableConfig, ...] = ()
+    checkpoint: Path | None = None
+    trigger_interval: str = "5 seconds"
+    max_files_per_trigger: int = 200
+    transaction_timeout: float = 60.0
+    source_file: Path | None = field(default=None, compare=False)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The stream's checkpoint lives in the lake so that moving the lake moves its progress."""
+        return self.checkpoint if self.checkpoint is not None else self.lake / "_checkpoints" / "ingest"
+
+    def table_for_source(self, source: str) -> TableConfig | None:
+        for table in self.tables:
+            if table.source == source:
+                return table
+        return None
+
+    def table(self, name: str) -> TableConfig:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        known = ", ".join(t.name for t in self.tables) or "none"
+        raise ConfigError(f"no configured table is named {name!r} (configured: {known}); add it under `tables:`")
+
+    @property
+    def keys_by_source(self) -> dict[str, tuple[str, ...]]:
+        return {t.source: t.key for t in self.tables}
+
+
+def resolve_config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """`--config` wins over `CDC_CONFIG`; neither means flags only."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ if environ is None else environ
+    value = env.get(CONFIG_ENV_VAR)
+    return Path(value) if value else None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    landing: str | os.PathLike[str] | None = None,
+    lake: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> PlatformConfig:
+    """Load the YAML file (if any) and apply flag overrides; raise `ConfigError` naming the bad entry."""
+    config_path = resolve_config_path(path, environ)
+    raw: dict[str, Any] = {}
+    base = Path.cwd()
+    if config_path is not None:
+        if not config_path.is_file():
+            raise ConfigError(f"config file {config_path} does not exist; pass --config FILE or set {CONFIG_ENV_VAR}")
+        try:
+            loaded = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config_path} is not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_path} must hold a mapping at the top level, found {type(loaded).__name__}")
+        raw = loaded
+        base = config_path.resolve().parent
+    where = str(config_path) if config_path else "flags"
+    return parse_config(raw, base=base, where=where, landing=landing, lake=lake, source_file=config_path)
+
+
+def parse_config(
+    raw: Mapping[str, Any],
+    *,
+    base: Path,
+    where: str = "config",
+    landing: str | os.PathLike[str] | None = None,
+    lake: str | os.PathLike[str] | None = None,
+    source_file: Path | None = None,
+) -> PlatformConfig:
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+
+    def path_of(key: str, override: str | os.PathLike[str] | None) -> Path | None:
+        if override is not None:
+            return Path(override).resolve()
+        value = raw.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: `{key}` must be a path string")
+        p = Path(value)
+        return (p if p.is_absolute() else base / p).resolve()
+
+    landing_path = path_of("landing", landing)
+    lake_path = path_of("lake", lake)
+    if landing_path is None:
+        raise ConfigError(f"{where}: no landing directory; set `landing:` in the config or pass --landing DIR")
+    if lake_path is None:
+        raise ConfigError(f"{where}: no lake directory; set `lake:` in the config or pass --lake DIR")
+
+    tables = _parse_tables(raw.get("tables") or {}, where)
+    checkpoint = path_of("checkpoint", None)
+
+    interval = raw.get("trigger_interval", "5 seconds")
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool):
+        interval = f"{interval} seconds"
+    if not isinstance(interval, str) or not re.match(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|minutes?)$", interval.strip()):
+        raise ConfigError(f"{where}: `trigger_interval` must look like '5 seconds' or '500 milliseconds', got {interval!r}")
+
+    max_files = raw.get("max_files_per_trigger", 200)
+    if not isinstance(max_files, int) or isinstance(max_files, bool) or max_files < 1:
+        raise ConfigError(f"{where}: `max_files_per_trigger` must be a positive integer, got {max_files!r}")
+
+    timeout = raw.get("transaction_timeout", 60)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise ConfigError(f"{where}: `transaction_timeout` must be a positive number of seconds, got {timeout!r}")
+
+    return PlatformConfig(
+        landing=landing_path,
+        lake=lake_path,
+        tables=tables,
+        checkpoint=checkpoint,
+        trigger_interval=interval.strip(),
+        max_files_per_trigger=max_files,
+        transaction_timeout=float(timeout),
+        source_file=source_file,
+    )
+
+
+def _parse_tables(raw_tables: Any, where: str) -> tuple[TableConfig, ...]:
+    if not isinstance(raw_tables, dict):
+        raise ConfigError(f"{where}: `tables` must be a mapping of '<db-or-schema>.<table>' to settings")
+    tables: list[TableConfig] = []
+    names: dict[str, str] = {}
+    for source, settings in raw_tables.items():
+        entry = f"{where}: tables.{source}"
+        parts = str(source).split(".")
+        if len(parts) != 2 or not all(SOURCE_PART_RE.match(p) for p in parts):
+            raise ConfigError(f"{entry}: the key must be '<db-or-schema>.<table>' made of letters, digits and _")
+        if not isinstance(settings, dict):
+            raise ConfigError(f"{entry}: settings must be a mapping with at least `key: [columns]`")
+        unknown = sorted(set(settings) - _TABLE_KEYS)
+        if unknown:
+            raise ConfigError(f"{entry}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TABLE_KEYS))}")
+        key = _column_list(settings.get("key"), f"{entry}.key", required=True)
+        mask = _column_list(settings.get("mask"), f"{entry}.mask", required=False)
+        overlap = sorted(set(key) & set(mask))
+        if overlap:
+            raise ConfigError(f"{entry}: key column(s) {', '.join(overlap)} cannot be masked; joins need the key")
+        name = settings.get("name", parts[1].lower())
+        if not isinstance(name, str) or not LAKE_NAME_RE.match(name) or "__" in name:
+            raise ConfigError(
+                f"{entry}.name: {name!r} is not a usable lake name; use lower-case letters, digits and single "
+                "underscores (set `name:` explicitly when the table part is not one)"
+            )
+        if name in SYSTEM_TABLES:
+            raise ConfigError(f"{entry}: lake name {name!r} is reserved for a platform table; set another `name:`")
+        if name in names:
+            raise ConfigError(f"{entry}: lake name {name!r} is already used by tables.{names[name]}; set `name:` on one of them")
+        names[name] = str(source)
+        tables.append(TableConfig(source=str(source), name=name, key=key, mask=mask))
+    return tuple(tables)
+
+
+def _column_list(value: Any, entry: str, *, required: bool) -> tuple[str, ...]:
+    if value is None:
+        if required:
+            raise ConfigError(f"{entry} is required: list the primary-key column(s), e.g. `key: [id]`")
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or (required and not value):
+        raise ConfigError(f"{entry} must be a non-empty list of column names")
+    for col in value:
+        if not isinstance(col, str) or not COLUMN_RE.match(col):
+            raise ConfigError(f"{entry}: {col!r} is not a valid column name")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{entry}: a column is listed twice")
+    return tuple(value)
+
+
+def with_overrides(config: PlatformConfig, **changes: Any) -> PlatformConfig:
+    return replace(config, **changes)

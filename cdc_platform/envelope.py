@@ -1,0 +1,408 @@
+"""Parsing and normalisation of Debezium output, one line at a time.
+
+This is pure Python with no Spark in it: the ingest stage runs it inside `mapInArrow` so both cores
+parse, and the tests run it directly on real connector output. Every line ends as exactly one of: a
+change event, a transaction marker, a tombstone, or a dead letter whose reason says what to do.
+
+Normalisation choices worth knowing:
+
+* `before` / `after` stay JSON text so the raw log never breaks on schema drift.
+* `position` is a fixed-width string whose lexical order is the source's log order, per connector
+  (PostgreSQL `lsn`; MySQL binlog file index, `pos`, `row`; SQL Server commit/change LSN and serial;
+  Oracle SCN; MongoDB oplog time and ordinal). Other connectors fall back to `source.ts_ms`, which is
+  *not* a log position: two changes to one row in the same millisecond are then ordered by
+  `tx_total_order` only. `position_kind` records which rule applied.
+* PostgreSQL transaction ids `<txId>:<lsn>` normalise to `<txId>`: the LSN part differs between the
+  events and markers of one transaction. MySQL GTIDs (`<uuid>:<n>`) are left whole.
+* The event identity hashes the whole envelope except its `ts_ms`, because a connector restart
+  re-emits the same change with a new `ts_ms`; everything else about it is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from cdc_platform.schemas import PARSED
+
+MS_PER_DAY = 86_400_000
+
+KNOWN_OPS = frozenset({"c", "u", "d", "r", "t"})
+SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$\-]{0,127}$")
+PG_TX_ID_RE = re.compile(r"^(\d+):(\d+)$")
+_TRAILING_DIGITS_RE = re.compile(r"(\d+)$")
+_SNAPSHOT_FALSE = {None, False, "false", "False", ""}
+
+#: Dead-letter reason codes with the sentence an operator reads. `{}` fields are filled per line.
+REASONS: dict[str, str] = {
+    "not_json": "line is not valid JSON ({detail}); fix the producer, the line is kept here verbatim",
+    "not_object": "line is JSON {detail}, not an object; expected a Debezium change event, a transaction marker, or null",
+    "missing_op": "change event has no `op`; expected one of c, u, d, r, t",
+    "unknown_op": "change event has unknown op {detail}; expected one of c, u, d, r, t (Debezium `m` messages are not table changes)",
+    "missing_table": "change event has no `source.table`; the connector must include source metadata (do not use ExtractNewRecordState / unwrap SMTs before this platform)",
+    "unsafe_table_name": "table name {detail} is not a safe identifier (letters, digits, _, $, -); rename it with a RegexRouter SMT or fix the producer",
+    "missing_after": "op {detail} without an `after` row image; inserts, updates and snapshot reads must carry the new row",
+    "delete_without_row": "delete names no row (no `before` and no message key); set REPLICA IDENTITY FULL on the source table or carry the message key",
+    "missing_key": "row image lacks key column(s) {detail} configured for this table; check `key:` in the config or the connector's column filters",
+    "invalid_field": "field {detail}; Debezium emits these as the documented types",
+    "invalid_marker": "transaction marker {detail}",
+    "unrecognised_shape": "JSON object is neither a change event nor a transaction marker (keys: {detail})",
+    "line_too_long": "line is {detail} bytes, over the configured maximum; raise `max_line_bytes` or fix the producer",
+}
+
+MAX_LINE_CHARS = 64 * 1024 * 1024
+
+
+class _Dead(Exception):
+    """Internal: a line that cannot be normalised, with its reason code and detail."""
+
+    def __init__(self, code: str, detail: str = "", table_id: str | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.detail = detail
+        self.table_id = table_id
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """Key columns of configured tables, by `<db-or-schema>.<table>`; the parser fills `key` for them."""
+
+    keys_by_source: Mapping[str, Sequence[str]]
+
+    def for_table(self, table_id: str) -> Sequence[str] | None:
+        return self.keys_by_source.get(table_id)
+
+
+def reason_text(code: str, detail: str = "") -> str:
+    return REASONS[code].format(detail=detail)
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _text(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _as_int(value: Any, field: str) -> int | None:
+    """Accept ints and integral numeric strings (some converters stringify int64); reject the rest."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise _Dead("invalid_field", f"`{field}` is a boolean, expected a number")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    raise _Dead("invalid_field", f"`{field}` is {json.dumps(value)[:60]}, expected an integer")
+
+
+def normalise_transaction_id(raw_id: Any) -> str | None:
+    """PostgreSQL `<txId>:<lsn>` -> `<txId>`; every other id (MySQL GTID, binlog coordinates) as is."""
+    if raw_id is None:
+        return None
+    text = str(raw_id)
+    m = PG_TX_ID_RE.match(text)
+    return m.group(1) if m else text
+
+
+def _position(connector: str, src: Mapping[str, Any], source_ms: int | None, tx_order: int | None) -> tuple[str, str]:
+    if connector == "postgresql" and src.get("lsn") is not None:
+        return f"{_as_int(src.get('lsn'), 'source.lsn'):020d}", "pg_lsn"
+    if connector == "mysql" and src.get("pos") is not None:
+        file = str(src.get("file") or "")
+        m = _TRAILING_DIGITS_RE.search(file)
+        file_index = int(m.group(1)) if m else 0
+        pos = _as_int(src.get("pos"), "source.pos") or 0
+        row = _as_int(src.get("row"), "source.row") or 0
+        return f"{file_index:010d}{pos:020d}{row:010d}", "mysql_binlog"
+    if connector == "sqlserver" and src.get("commit_lsn") is not None:
+        serial = _as_int(src.get("event_serial_no"), "source.event_serial_no") or 0
+        return f"{src.get('commit_lsn')}|{src.get('change_lsn') or ''}|{serial:010d}", "sqlserver_lsn"
+    if connector == "oracle" and src.get("scn") is not None:
+        return f"{_as_int(src.get('scn'), 'source.scn'):030d}", "oracle_scn"
+    if connector == "mongodb" and src.get("ord") is not None:
+        return f"{(source_ms or 0):020d}{_as_int(src.get('ord'), 'source.ord'):010d}", "mongodb_oplog"
+    return f"{(source_ms or 0):020d}{(tx_order or 0):010d}", "source_ts_fallback"
+
+
+def _unwrap(obj: Any) -> tuple[Any, Any]:
+    """Strip the JSON converter's `{"schema", "payload"}` wrapper; return (payload, schema or None)."""
+    if isinstance(obj, dict) and "payload" in obj and "schema" in obj and len(obj) == 2:
+        return obj["payload"], obj["schema"]
+    return obj, None
+
+
+def _row_schema(schema: Any) -> str | None:
+    """The Connect schema of the `after` (else `before`) field, kept so later stages can type exactly."""
+    if not isinstance(schema, dict):
+        return None
+    for wanted in ("after", "before"):
+        for fld in schema.get("fields") or ():
+            if isinstance(fld, dict) and fld.get("field") == wanted:
+                return _canonical(fld)
+    return None
+
+
+def _blank_row(kind: str, line: str, source_file: str | None) -> dict[str, Any]:
+    return {"kind": kind, "line": line, "source_file": source_file}
+
+
+def parse_line(line: str | None, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+    """Normalise one input line into a row of the `PARSED` schema (missing columns are null)."""
+    if line is None or not line.strip() or line.strip() == "null":
+        return _blank_row("tombstone", line or "", source_file)
+    if len(line) > MAX_LINE_CHARS:
+        return _dead_row(line, source_file, _Dead("line_too_long", str(len(line.encode("utf-8", "replace")))))
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        return _dead_row(line, source_file, _Dead("not_json", str(exc)[:120]))
+    try:
+        return _parse_object(obj, line, source_file, keys)
+    except _Dead as dead:
+        return _dead_row(line, source_file, dead)
+
+
+def _dead_row(line: str, source_file: str | None, dead: _Dead) -> dict[str, Any]:
+    row = _blank_row("dead_letter", line, source_file)
+    row["reason_code"] = dead.code
+    row["reason"] = reason_text(dead.code, dead.detail)
+    row["table_id"] = dead.table_id
+    return row
+
+
+def _json_type(obj: Any) -> str:
+    if isinstance(obj, list):
+        return "array"
+    if isinstance(obj, str):
+        return "string"
+    if isinstance(obj, bool):
+        return "boolean"
+    if isinstance(obj, (int, float)):
+        return "number"
+    return "null"
+
+
+def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+    if obj is None:
+        return _blank_row("tombstone", line, source_file)
+    if not isinstance(obj, dict):
+        raise _Dead("not_object", f"{_json_type(obj)}")
+    message_key: Any = None
+    if "value" in obj and "key" in obj and "op" not in obj and "payload" not in obj:
+        # A Kafka record dumped with its key: the key names the row of a keyless delete.
+        message_key, _ = _unwrap(obj["key"])
+        obj = obj["value"]
+        if obj is None:
+            return _blank_row("tombstone", line, source_file)
+    payload, schema = _unwrap(obj)
+    if payload is None:
+        return _blank_row("tombstone", line, source_file)
+    if not isinstance(payload, dict):
+        raise _Dead("not_object", f"payload {_json_type(payload)}")
+    if "op" in payload or "source" in payload or "after" in payload or "before" in payload:
+        return _parse_change(payload, schema, message_key, line, source_file, keys)
+    if "status" in payload and "id" in payload:
+        return _parse_debezium_marker(payload, line, source_file)
+    if "marker" in payload:
+        return _parse_stripe_marker(payload, line, source_file)
+    raise _Dead("unrecognised_shape", ", ".join(sorted(map(str, payload))[:12]) or "none")
+
+
+def _parse_change(
+    env: dict[str, Any], schema: Any, message_key: Any, line: str, source_file: str | None, keys: KeySpec
+) -> dict[str, Any]:
+    src = env.get("source")
+    if src is None:
+        raise _Dead("missing_table")
+    if not isinstance(src, dict):
+        raise _Dead("invalid_field", f"`source` is a {_json_type(src)}, expected an object")
+    table = src.get("table")
+    if table is None or table == "":
+        raise _Dead("missing_table")
+    if not isinstance(table, str):
+        raise _Dead("invalid_field", f"`source.table` is a {_json_type(table)}, expected a string")
+    namespace = src.get("schema") or src.get("db")
+    for part in (table, namespace):
+        if part is not None and (not isinstance(part, str) or not SAFE_NAME_RE.match(part)):
+            raise _Dead("unsafe_table_name", json.dumps(part)[:80])
+    table_id = f"{namespace}.{table}" if namespace else table
+
+    op = env.get("op")
+    if op is None:
+        raise _Dead("missing_op", table_id=table_id)
+    if not isinstance(op, str) or op not in KNOWN_OPS:
+        raise _Dead("unknown_op", json.dumps(op)[:40], table_id=table_id)
+    before, after = env.get("before"), env.get("after")
+    for name, image in (("before", before), ("after", after)):
+        if image is not None and not isinstance(image, dict):
+            raise _Dead("invalid_field", f"`{name}` is a {_json_type(image)}, expected an object or null", table_id)
+    if op in ("c", "u", "r") and after is None:
+        raise _Dead("missing_after", repr(op), table_id)
+
+    key_cols = keys.for_table(table_id)
+    key_text: str | None = None
+    if op == "d" and before is None:
+        if isinstance(message_key, dict) and message_key:
+            before_for_key: dict[str, Any] | None = message_key
+        else:
+            raise _Dead("delete_without_row", table_id=table_id)
+    else:
+        before_for_key = before
+    if key_cols and op != "t":
+        image = after if op != "d" else before_for_key
+        assert image is not None
+        missing = [c for c in key_cols if image.get(c) is None]
+        if missing:
+            raise _Dead("missing_key", ", ".join(missing), table_id)
+        key_text = _canonical({c: image[c] for c in key_cols})
+
+    source_ms = _as_int(src.get("ts_ms"), "source.ts_ms")
+    envelope_ms = _as_int(env.get("ts_ms"), "ts_ms")
+    tx = env.get("transaction")
+    tx_raw_id: str | None = None
+    tx_total: int | None = None
+    tx_coll: int | None = None
+    if tx is not None:
+        if not isinstance(tx, dict):
+            raise _Dead("invalid_field", f"`transaction` is a {_json_type(tx)}, expected an object or null", table_id)
+        tx_raw_id = None if tx.get("id") is None else str(tx.get("id"))
+        tx_total = _as_int(tx.get("total_order"), "transaction.total_order")
+        tx_coll = _as_int(tx.get("data_collection_order"), "transaction.data_collection_order")
+    connector = str(src.get("connector") or "")
+    position, position_kind = _position(connector, src, source_ms, tx_total)
+    snapshot = src.get("snapshot") not in _SNAPSHOT_FALSE or op == "r"
+
+    identity = dict(env)
+    identity.pop("ts_ms", None)
+    event_id = hashlib.blake2b(_canonical(identity).encode("utf-8"), digest_size=16).hexdigest()
+    day_ms = source_ms if source_ms is not None else envelope_ms
+    return {
+        "kind": "change",
+        "event_id": event_id,
+        "event_date": None if day_ms is None else day_ms // MS_PER_DAY,
+        "table_id": table_id,
+        "source_connector": connector or None,
+        "source_name": None if src.get("name") is None else str(src.get("name")),
+        "source_db": None if src.get("db") is None else str(src.get("db")),
+        "source_schema": None if src.get("schema") is None else str(src.get("schema")),
+        "source_table": table,
+        "op": op,
+        "key": key_text,
+        "before": _text(before if before is not None else (before_for_key if op == "d" else None)),
+        "after": _text(after),
+        "row_schema": _row_schema(schema),
+        "position": position,
+        "position_kind": position_kind,
+        "source_ts": None if source_ms is None else source_ms * 1000,
+        "envelope_ts": None if envelope_ms is None else envelope_ms * 1000,
+        "snapshot": snapshot,
+        "transaction_id": normalise_transaction_id(tx_raw_id),
+        "transaction_raw_id": tx_raw_id,
+        "tx_total_order": tx_total,
+        "tx_collection_order": tx_coll,
+        "source_file": source_file,
+        "line": line,
+    }
+
+
+def _marker_row(
+    tx_raw_id: Any, status: str, count: int | None, collections: list[tuple[str, int]] | None,
+    shape: str, ts_ms: int | None, line: str, source_file: str | None,
+) -> dict[str, Any]:
+    if tx_raw_id is None or (isinstance(tx_raw_id, str) and not tx_raw_id.strip()):
+        raise _Dead("invalid_marker", "has no transaction id (`id`); it cannot be matched to its events")
+    if isinstance(tx_raw_id, (dict, list)):
+        raise _Dead("invalid_marker", "id is not a string or number")
+    tx_id = normalise_transaction_id(tx_raw_id)
+    return {
+        "kind": "marker",
+        "marker_id": f"{tx_id}|{status}",
+        "marker_date": None if ts_ms is None else ts_ms // MS_PER_DAY,
+        "transaction_id": tx_id,
+        "transaction_raw_id": str(tx_raw_id),
+        "status": status,
+        "event_count": count,
+        "data_collections": collections,
+        "marker_shape": shape,
+        "marker_ts": None if ts_ms is None else ts_ms * 1000,
+        "source_file": source_file,
+        "line": line,
+    }
+
+
+def _parse_debezium_marker(env: dict[str, Any], line: str, source_file: str | None) -> dict[str, Any]:
+    status = env.get("status")
+    if status not in ("BEGIN", "END"):
+        raise _Dead("invalid_marker", f"status {json.dumps(status)[:40]} is not BEGIN or END")
+    count = _as_int(env.get("event_count"), "event_count")
+    collections: list[tuple[str, int]] | None = None
+    raw = env.get("data_collections")
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise _Dead("invalid_marker", "data_collections is not a list")
+        collections = []
+        for item in raw:
+            if not isinstance(item, dict) or not isinstance(item.get("data_collection"), str):
+                raise _Dead("invalid_marker", "data_collections entry lacks `data_collection`")
+            n = _as_int(item.get("event_count"), "data_collections[].event_count")
+            collections.append((item["data_collection"], n if n is not None else 0))
+    if status == "END" and count is None:
+        raise _Dead("invalid_marker", "END has no event_count; completeness cannot be judged")
+    return _marker_row(env.get("id"), status, count, collections, "debezium", _as_int(env.get("ts_ms"), "ts_ms"), line, source_file)
+
+
+def _parse_stripe_marker(env: dict[str, Any], line: str, source_file: str | None) -> dict[str, Any]:
+    marker = env.get("marker")
+    if marker not in ("BEGIN", "COMMIT", "END"):
+        raise _Dead("invalid_marker", f"marker {json.dumps(marker)[:40]} is not BEGIN or COMMIT")
+    status = "BEGIN" if marker == "BEGIN" else "END"
+    count = _as_int(env.get("total_events"), "total_events")
+    raw = env.get("per_source_event_counts")
+    collections: list[tuple[str, int]] | None = None
+    if raw is not None:
+        if isinstance(raw, dict):
+            items = list(raw.items())
+        elif isinstance(raw, list):
+            items = [(i.get("source") or i.get("data_collection"), i.get("event_count", i.get("count"))) for i in raw if isinstance(i, dict)]
+        else:
+            raise _Dead("invalid_marker", "per_source_event_counts is not an object")
+        collections = []
+        for name, n in items:
+            if not isinstance(name, str):
+                raise _Dead("invalid_marker", "per_source_event_counts has an entry without a source name")
+            collections.append((name, _as_int(n, "per_source_event_counts") or 0))
+    if status == "END" and count is None:
+        raise _Dead("invalid_marker", "COMMIT has no total_events; completeness cannot be judged")
+    raw_id = env.get("transaction_id", env.get("id", env.get("txn_id")))
+    ts = _as_int(env.get("ts_ms", env.get("timestamp_ms")), "ts_ms")
+    return _marker_row(raw_id, status, count, collections, "stripe", ts, line, source_file)
+
+
+def parse_lines(lines: Iterable[str | None], files: Iterable[str | None], keys: KeySpec) -> list[dict[str, Any]]:
+    return [parse_line(line, f, keys) for line, f in zip(lines, files)]
+
+
+def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    columns = {f.name: [r.get(f.name) for r in rows] for f in PARSED}
+    return pa.RecordBatch.from_pydict(columns, schema=PARSED)
+
+
+def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:
+    """The `mapInArrow` body: (value, source_file) batches in, `PARSED` batches out."""
+    for batch in batches:
+        lines = batch.column("value").to_pylist()
+        files = batch.column("source_file").to_pylist()
+        yield rows_to_batch(parse_lines(lines, files, keys))

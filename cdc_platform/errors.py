@@ -1,0 +1,27 @@
+"""The platform's exception hierarchy.
+
+Code and set-up problems raise one of these, each with a message that says what to do next.
+Data problems never raise: a bad line becomes a dead-letter row, a violated expectation a failed check.
+"""
+
+from __future__ import annotations
+
+
+class CdcError(Exception):
+    """Base class: the CLI prints these as one line and exits 2, without a traceback."""
+
+
+class ConfigError(CdcError):
+    """The configuration file or a flag is wrong; the message names the offending entry."""
+
+
+class EnvironmentNotReadyError(CdcError):
+    """Something the platform needs on the machine is missing (Java, a directory)."""
+
+
+class LakeError(CdcError):
+    """The lake is missing, unreadable, or was written by an incompatible version."""
+
+
+class CommitConflictError(LakeError):
+    """A Delta commit kept conflicting with a concurrent writer after every retry."""

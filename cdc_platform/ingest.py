@@ -1,0 +1,415 @@
+"""Ingest: the Structured Streaming job from landing files to the raw change-event log.
+
+Shape of the job: a file stream over the landing directory (any depth, new files picked up as they
+arrive) -> `mapInArrow(parse)` on the executors -> `foreachBatch`, where the driver takes the batch as
+Arrow and commits it with delta-rs. Inside a batch the data flows one way: the raw log and markers
+first, then every later stage (latest state, transactions) from the same parsed batch, then dead
+letters and one `pipeline_metrics` row.
+
+Exactly once: the file source's checkpoint (kept in the lake) names each batch's files, so a restart
+replays an unfinished batch with the same id and the same files; every commit is guarded by an
+application transaction `<query id>:<table>` = batch id (see `lake.py`), and the raw log and markers
+additionally dedup by event identity, so redelivered input inserts nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_platform import lake, schemas
+from cdc_platform.config import PlatformConfig
+from cdc_platform.envelope import KeySpec, parse_arrow_batches
+from cdc_platform.errors import CdcError, ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+RAW = "raw_change_events"
+MARKERS = "transaction_markers"
+DEAD_LETTER = "dead_letter"
+METRICS = "pipeline_metrics"
+
+
+@dataclass(frozen=True)
+class ParsedBatch:
+    """One micro-batch after parsing, split by destination and deduplicated within the batch."""
+
+    batch_id: int
+    events: pa.Table  # RAW_CHANGE_EVENTS
+    markers: pa.Table  # TRANSACTION_MARKERS
+    dead_letters: pa.Table  # DEAD_LETTER
+    tombstones: int
+    rows_read: int
+    in_batch_duplicates: int
+    ingested_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    config: PlatformConfig
+    query_id: str
+    batch_id: int
+
+    def app_id(self, table: str) -> str:
+        return lake.app_id(self.query_id, table)
+
+
+@dataclass
+class StageResult:
+    """What a stage reports back: rows it landed per table, figures for metrics, and its dead letters."""
+
+    rows_landed: dict[str, int] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)
+    dead_letters: pa.Table | None = None
+
+
+class Stage(Protocol):
+    """A pipeline stage fed from each parsed batch after the raw log has committed."""
+
+    name: str
+
+    def setup(self, config: PlatformConfig) -> None: ...
+
+    def apply(self, batch: ParsedBatch, ctx: BatchContext) -> StageResult: ...
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    rows_read: int
+    change_events: int
+    markers: int
+    tombstones: int
+    dead_letters: int
+    duplicates_skipped: int
+    rows_landed: dict[str, int]
+    stage_seconds: dict[str, float]
+    seconds: float
+
+
+@dataclass
+class RunReport:
+    batches: list[BatchReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(b, attr) for b in self.batches)
+
+    def landed(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for b in self.batches:
+            for k, v in b.rows_landed.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+def default_stages(config: PlatformConfig) -> list[Stage]:
+    """The stages after the raw log; each module registers itself here as it lands."""
+    stages: list[Stage] = []
+    try:
+        from cdc_platform.latest_state import LatestStateStage
+    except ImportError:
+        pass
+    else:
+        stages.append(LatestStateStage())
+    try:
+        from cdc_platform.transactions import TransactionStage
+    except ImportError:
+        pass
+    else:
+        stages.append(TransactionStage())
+    return stages
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def dead_letter_rows(
+    rows: Sequence[dict[str, Any]], *, stage: str, batch_id: int | None, at: dt.datetime | None = None
+) -> pa.Table:
+    """Build `dead_letter` rows from dicts with reason_code, reason and optional table_id/event_id/line/source_file."""
+    at = at or _now()
+    cols: dict[str, list[Any]] = {f.name: [] for f in schemas.DEAD_LETTER}
+    for r in rows:
+        for f in schemas.DEAD_LETTER:
+            cols[f.name].append(r.get(f.name))
+        cols["stage"][-1] = stage
+        cols["batch_id"][-1] = batch_id
+        cols["dead_lettered_at"][-1] = at
+    return pa.table(cols, schema=schemas.DEAD_LETTER)
+
+
+def split_parsed(parsed: pa.Table, batch_id: int, ingested_at: dt.datetime | None = None) -> ParsedBatch:
+    """Split the parser's wide rows by kind and shape them to their tables' schemas."""
+    ingested_at = ingested_at or _now()
+    kinds = parsed.column("kind")
+    n = parsed.num_rows
+    ingest_ts = pa.scalar(ingested_at, schemas.TS)
+    today = pa.scalar(ingested_at.date(), pa.date32())
+
+    def rows_of(kind: str) -> pa.Table:
+        return parsed.filter(pc.equal(kinds, kind))
+
+    changes = rows_of("change")
+    changes = changes.set_column(changes.schema.get_field_index("event_date"), "event_date", pc.fill_null(changes.column("event_date"), today))
+    events = _project(changes, schemas.RAW_CHANGE_EVENTS, {"ingested_at": ingest_ts})
+    events, dups = _dedup_first(events, "event_id")
+
+    marker_rows = rows_of("marker")
+    marker_rows = marker_rows.set_column(marker_rows.schema.get_field_index("marker_date"), "marker_date", pc.fill_null(marker_rows.column("marker_date"), today))
+    markers = _project(marker_rows, schemas.TRANSACTION_MARKERS, {"ingested_at": ingest_ts})
+    markers, marker_dups = _dedup_first(markers, "marker_id")
+
+    dead = rows_of("dead_letter")
+    dead_letters = _project(
+        dead,
+        schemas.DEAD_LETTER,
+        {"stage": pa.scalar("ingest"), "event_id": pa.scalar(None, pa.string()), "batch_id": pa.scalar(batch_id, pa.int64()), "dead_lettered_at": ingest_ts},
+    )
+    tombstones = int(pc.sum(pc.equal(kinds, "tombstone")).as_py() or 0) if n else 0
+    return ParsedBatch(
+        batch_id=batch_id,
+        events=events,
+        markers=markers,
+        dead_letters=dead_letters,
+        tombstones=tombstones,
+        rows_read=n,
+        in_batch_duplicates=dups + marker_dups,
+        ingested_at=ingested_at,
+    )
+
+
+def _project(table: pa.Table, schema: pa.Schema, constants: dict[str, pa.Scalar]) -> pa.Table:
+    arrays = []
+    for f in schema:
+        if f.name in constants:
+            arrays.append(pa.array([constants[f.name].as_py()] * table.num_rows, f.type))
+        else:
+            arrays.append(table.column(f.name).cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _dedup_first(table: pa.Table, column: str) -> tuple[pa.Table, int]:
+    if table.num_rows == 0:
+        return table, 0
+    indexed = table.select([column]).append_column("__i", pa.array(range(table.num_rows), pa.int64()))
+    first = indexed.group_by(column, use_threads=False).aggregate([("__i", "min")]).column("__i_min")
+    if len(first) == table.num_rows:
+        return table, 0
+    return table.take(pc.sort_indices(first)), table.num_rows - len(first)
+
+
+class IngestJob:
+    """The streaming job for one lake. Use `run_available_now` (cdc run) or `start` (cdc stream)."""
+
+    def __init__(
+        self,
+        config: PlatformConfig,
+        stages: Sequence[Stage] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.stages = list(default_stages(config) if stages is None else stages)
+        self.progress = progress or (lambda _msg: None)
+        self.reports: list[BatchReport] = []
+        self._failure: BaseException | None = None
+        self._query_id: str | None = None
+        self._lock = threading.Lock()
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Create the lake's tables and registry so readers see them before any data lands."""
+        cfg = self.config
+        cfg.lake.mkdir(parents=True, exist_ok=True)
+        lake.ensure_table(self.path(RAW), schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)
+        lake.ensure_table(self.path(MARKERS), schemas.TRANSACTION_MARKERS, schemas.MARKERS_PARTITION_BY)
+        lake.ensure_table(self.path(DEAD_LETTER), schemas.DEAD_LETTER)
+        lake.ensure_table(self.path(METRICS), schemas.PIPELINE_METRICS)
+        for stage in self.stages:
+            stage.setup(cfg)
+        lake.write_registry(cfg)
+
+    def path(self, name: str) -> Path:
+        return lake.table_path(self.config.lake, name)
+
+    # -- one batch ----------------------------------------------------------------------------------
+    def process_parsed(self, parsed: pa.Table, batch_id: int, query_id: str) -> BatchReport:
+        """Commit one parsed micro-batch to every table, exactly once per (query id, batch id)."""
+        t0 = time.perf_counter()
+        started = _now()
+        batch = split_parsed(parsed, batch_id, started)
+        ctx = BatchContext(self.config, query_id, batch_id)
+        seconds: dict[str, float] = {}
+        landed: dict[str, int] = {}
+        figures: dict[str, float] = {}
+
+        t = time.perf_counter()
+        inserted = lake.insert_new_once(self.path(RAW), batch.events, "event_id", "event_date", ctx.app_id(RAW), batch_id)
+        landed[RAW] = inserted if inserted is not None else 0
+        markers_inserted = lake.insert_new_once(self.path(MARKERS), batch.markers, "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id)
+        landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
+        seconds["raw"] = time.perf_counter() - t
+        replayed = inserted is None
+        duplicates = batch.in_batch_duplicates
+        if not replayed:
+            duplicates += batch.events.num_rows - landed[RAW] + batch.markers.num_rows - landed[MARKERS]
+
+        dead_tables = [batch.dead_letters]
+        for stage in self.stages:
+            t = time.perf_counter()
+            result = stage.apply(batch, ctx)
+            seconds[stage.name] = time.perf_counter() - t
+            for k, v in result.rows_landed.items():
+                landed[k] = landed.get(k, 0) + v
+            figures.update({f"{stage.name}.{k}": float(v) for k, v in result.figures.items()})
+            if result.dead_letters is not None and result.dead_letters.num_rows:
+                dead_tables.append(result.dead_letters)
+
+        t = time.perf_counter()
+        dead = pa.concat_tables(dead_tables) if len(dead_tables) > 1 else dead_tables[0]
+        if lake.append_once(self.path(DEAD_LETTER), dead, ctx.app_id(DEAD_LETTER), batch_id):
+            landed[DEAD_LETTER] = dead.num_rows
+        seconds["dead_letter"] = time.perf_counter() - t
+
+        report = BatchReport(
+            batch_id=batch_id,
+            rows_read=batch.rows_read,
+            change_events=batch.events.num_rows,
+            markers=batch.markers.num_rows,
+            tombstones=batch.tombstones,
+            dead_letters=dead.num_rows,
+            duplicates_skipped=duplicates,
+            rows_landed=landed,
+            stage_seconds=seconds,
+            seconds=time.perf_counter() - t0,
+        )
+        self._write_metrics(report, batch, figures, started, ctx)
+        return report
+
+    def _write_metrics(self, report: BatchReport, batch: ParsedBatch, figures: dict[str, float], started: dt.datetime, ctx: BatchContext) -> None:
+        newest = pc.max(batch.events.column("source_ts")).as_py() if batch.events.num_rows else None
+        finished = _now()
+        lag = (finished - newest).total_seconds() if newest is not None else None
+        row = {
+            "query_id": ctx.query_id,
+            "batch_id": report.batch_id,
+            "started_at": started,
+            "finished_at": finished,
+            "rows_read": report.rows_read,
+            "change_events": report.change_events,
+            "markers": report.markers,
+            "tombstones": report.tombstones,
+            "dead_letters": report.dead_letters,
+            "duplicates_skipped": report.duplicates_skipped,
+            "rows_landed": list(report.rows_landed.items()),
+            "stage_seconds": list(report.stage_seconds.items()),
+            "stage_figures": list(figures.items()),
+            "newest_source_ts": newest,
+            "lag_seconds": lag,
+        }
+        table = pa.Table.from_pylist([row], schema=schemas.PIPELINE_METRICS)
+        lake.append_once(self.path(METRICS), table, ctx.app_id(METRICS), report.batch_id)
+
+    # -- streaming ----------------------------------------------------------------------------------
+    def query_id(self) -> str:
+        """The stream's id as recorded in its checkpoint: stable across restarts, new for a new checkpoint."""
+        if self._query_id is None:
+            meta = self.config.checkpoint_dir / "metadata"
+            self._query_id = json.loads(meta.read_text(encoding="utf-8").splitlines()[0])["id"]
+        return self._query_id
+
+    def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
+        try:
+            parsed = df.toArrow()
+            report = self.process_parsed(parsed, batch_id, self.query_id())
+        except BaseException as exc:  # keep the original error; Spark would wrap it beyond recognition
+            self._failure = exc
+            raise
+        with self._lock:
+            self.reports.append(report)
+        self.progress(
+            f"batch {batch_id}: {report.rows_read:,} lines -> {report.rows_landed.get(RAW, 0):,} new events, "
+            f"{report.markers:,} markers, {report.dead_letters:,} dead letters, {report.duplicates_skipped:,} duplicates skipped "
+            f"({report.seconds:.2f} s)"
+        )
+
+    def stream(self, spark: SparkSession) -> DataFrame:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        landing = self.config.landing
+        if not landing.is_dir():
+            raise ConfigError(f"landing directory {landing} does not exist; create it or pass --landing DIR")
+        lines = (
+            spark.readStream.format("text")
+            .option("recursiveFileLookup", "true")
+            .option("maxFilesPerTrigger", str(self.config.max_files_per_trigger))
+            .load(str(landing))
+            .select(F.col("value"), F.col("_metadata.file_path").alias("source_file"))
+        )
+        parse = partial(parse_arrow_batches, keys=KeySpec(dict(self.config.keys_by_source)))
+        return lines.mapInArrow(parse, from_arrow_schema(schemas.PARSED))
+
+    def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
+        self.setup()
+        writer = self.stream(spark).writeStream.foreachBatch(self.foreach_batch).option(
+            "checkpointLocation", str(self.config.checkpoint_dir)
+        ).queryName(f"cdc_ingest_{abs(hash(str(self.config.lake))) % 10**8}")
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=interval or self.config.trigger_interval)
+        return writer.start()
+
+    def run_available_now(self, spark: SparkSession) -> RunReport:
+        """Process everything that has landed, then return (what `cdc run` and the Dagster asset do)."""
+        t0 = time.perf_counter()
+        query = self.start(spark, available_now=True)
+        self._await(query, None)
+        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
+
+    def run_continuously(self, spark: SparkSession, interval: str | None = None, timeout: float | None = None) -> RunReport:
+        """Run until interrupted (Ctrl-C) or `timeout` seconds have passed."""
+        t0 = time.perf_counter()
+        query = self.start(spark, available_now=False, interval=interval)
+        try:
+            self._await(query, timeout)
+        except KeyboardInterrupt:
+            self.progress("stopping after the current batch ...")
+        finally:
+            if query.isActive:
+                query.stop()
+        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
+
+    def _await(self, query: StreamingQuery, timeout: float | None) -> None:
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            if timeout is None:
+                query.awaitTermination()
+            else:
+                query.awaitTermination(timeout)
+        except StreamingQueryException as exc:
+            if self._failure is not None:
+                raise self._failure from None
+            raise CdcError(f"the streaming job failed: {str(exc).splitlines()[0]}") from exc
+        if self._failure is not None:
+            raise self._failure
+
+
+def print_progress(message: str) -> None:
+    print(f"[cdc] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,217 @@
+"""The lake: Delta tables written by delta-rs, read by Spark through their snapshot's file list.
+
+Why delta-rs: delta-spark's JVM jars cannot be fetched in this environment, and delta-rs writes standard
+Delta tables (protocol 1/2, no column mapping, no deletion vectors) that delta-spark reads on a cluster.
+Why the file list: Spark has no Delta reader here, and reading the directory as Parquet would return
+files that the log has already removed.
+
+Exactly once: every commit of the streaming job carries a Delta application transaction
+(`<query id>:<table>`, version = micro-batch id). delta-rs records it but does not refuse a repeated or
+lower version, so `commit_once` checks the recorded version first. That check and the commit are not
+atomic, hence the rule: one writer per application id (one stream per lake).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from cdc_platform.config import LAKE_NAME_RE, PlatformConfig, TableConfig
+from cdc_platform.errors import CommitConflictError, LakeError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+REGISTRY_FILE = "_cdc_registry.json"
+REGISTRY_VERSION = 1
+_DELTA_LOG = "_delta_log"
+
+
+def table_path(lake: Path, name: str) -> Path:
+    """The directory of a lake table; refuses any name that could escape the lake."""
+    if not LAKE_NAME_RE.match(name):
+        raise LakeError(f"{name!r} is not a valid lake table name (lower-case letters, digits, _)")
+    path = (lake / name).resolve()
+    if path.parent != lake.resolve():
+        raise LakeError(f"table {name!r} would resolve outside the lake {lake}")
+    return path
+
+
+def exists(path: Path) -> bool:
+    return (path / _DELTA_LOG).is_dir() and DeltaTable.is_deltatable(str(path))
+
+
+def ensure_table(path: Path, schema: pa.Schema, partition_by: list[str] | None = None) -> DeltaTable:
+    """Create an empty table if it is missing, so readers and `cdc sql` see it before any data lands."""
+    if not exists(path):
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            DeltaTable.create(str(path), schema, mode="ignore", partition_by=partition_by)
+        except DeltaError:
+            if not exists(path):  # a concurrent creator won; anything else is a real error
+                raise
+    return DeltaTable(str(path))
+
+
+def open_table(path: Path) -> DeltaTable:
+    try:
+        return DeltaTable(str(path))
+    except TableNotFoundError as exc:
+        raise LakeError(f"{path} is not a Delta table; run `cdc run` first to create the lake") from exc
+
+
+def app_id(query_id: str, table: str) -> str:
+    return f"{query_id}:{table}"
+
+
+def already_committed(table: DeltaTable, application: str, version: int) -> bool:
+    recorded = table.transaction_version(application)
+    return recorded is not None and recorded >= version
+
+
+def commit_props(application: str | None, version: int | None, **metadata: Any) -> CommitProperties:
+    txns = [Transaction(app_id=application, version=version)] if application is not None and version is not None else None
+    return CommitProperties(app_transactions=txns, custom_metadata={k: str(v) for k, v in metadata.items()} or None, max_commit_retries=20)
+
+
+def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
+    """Retry a Delta commit that lost a race to a concurrent writer (e.g. a backfill vs the stream)."""
+    delay = 0.05
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except CommitFailedError as exc:
+            if attempt == attempts:
+                raise CommitConflictError(
+                    f"{what}: the commit kept conflicting with another writer after {attempts} attempts ({exc}); "
+                    "make sure only one stream writes this lake, then rerun (nothing was half-written)"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    return None
+
+
+def append_once(path: Path, data: pa.Table, application: str, version: int, partition_by: list[str] | None = None) -> bool:
+    """Append `data` unless this application already committed `version`; True when it committed."""
+    table = open_table(path)
+    if data.num_rows == 0 or already_committed(table, application, version):
+        return False
+    with_retries(
+        lambda: write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=commit_props(application, version)),
+        what=f"append to {path.name}",
+    )
+    return True
+
+
+def insert_new_once(
+    path: Path, data: pa.Table, id_column: str, partition_column: str, application: str, version: int
+) -> int | None:
+    """MERGE-insert rows whose id is not in the table yet; None when this batch was already committed.
+
+    The predicate names the partitions the batch touches as literals so delta-rs prunes every other
+    file: the cost follows the partitions touched, not the size of the table.
+    """
+    table = open_table(path)
+    if already_committed(table, application, version):
+        return None
+    if data.num_rows == 0:
+        return 0  # nothing to record: a replay of an empty batch writes nothing either
+    values = sorted({v for v in data.column(partition_column).to_pylist() if v is not None})
+    literals = ", ".join(f"'{v.isoformat()}'" for v in values)
+    predicate = f"t.{id_column} = s.{id_column}"
+    if literals:
+        predicate = f"t.{partition_column} IN ({literals}) AND {predicate}"
+
+    def merge() -> dict[str, Any]:
+        return (
+            open_table(path)
+            .merge(source=data, predicate=predicate, source_alias="s", target_alias="t", commit_properties=commit_props(application, version))
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    metrics = with_retries(merge, what=f"merge into {path.name}")
+    return int(metrics.get("num_target_rows_inserted", 0))
+
+
+# --- Spark side -----------------------------------------------------------------------------------
+
+def spark_schema(table: DeltaTable) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(pa.schema(table.schema().to_arrow()))
+
+
+def read_table(spark: SparkSession, path: Path) -> DataFrame:
+    """A Spark DataFrame of the table's current snapshot (explicit schema so empty tables work)."""
+    table = open_table(path)
+    files = table.file_uris()
+    reader = spark.read.schema(spark_schema(table))
+    if not files:
+        return spark.createDataFrame([], spark_schema(table))
+    return reader.option("basePath", str(path)).parquet(*files)
+
+
+def lake_tables(lake: Path) -> dict[str, Path]:
+    """Every Delta table directly under the lake, by name."""
+    if not lake.is_dir():
+        return {}
+    found = {}
+    for child in sorted(lake.iterdir()):
+        if child.is_dir() and not child.name.startswith(("_", ".")) and (child / _DELTA_LOG).is_dir():
+            found[child.name] = child
+    return found
+
+
+# --- Registry -------------------------------------------------------------------------------------
+
+def write_registry(config: PlatformConfig, extra: Mapping[str, Any] | None = None) -> Path:
+    """Record what a reader needs to register the lake's tables and views without the config file."""
+    config.lake.mkdir(parents=True, exist_ok=True)
+    current = read_registry(config.lake)
+    tables = {t["name"]: t for t in current.get("tables", [])}
+    for t in config.tables:
+        tables[t.name] = t.to_registry()
+    content = {"version": REGISTRY_VERSION, "tables": [tables[n] for n in sorted(tables)], **(extra or {})}
+    target = config.lake / REGISTRY_FILE
+    fd, tmp = tempfile.mkstemp(dir=config.lake, prefix=".registry-")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(content, fh, indent=2, sort_keys=True)
+    os.replace(tmp, target)
+    return target
+
+
+def read_registry(lake: Path) -> dict[str, Any]:
+    path = lake / REGISTRY_FILE
+    if not path.is_file():
+        return {}
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise LakeError(f"{path} is not valid JSON ({exc}); rerun `cdc run --config ...` to rewrite it") from exc
+    if content.get("version", 0) > REGISTRY_VERSION:
+        raise LakeError(f"{path} was written by a newer cdc-platform (registry version {content['version']}); upgrade")
+    return content
+
+
+def registered_tables(lake: Path) -> tuple[TableConfig, ...]:
+    return tuple(TableConfig.from_registry(e) for e in read_registry(lake).get("tables", []))
+
+
+def quote_identifier(name: str) -> str:
+    """Backtick-quote an identifier for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def is_safe_sql_name(name: str) -> bool:
+    return bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name))

@@ -1,0 +1,114 @@
+"""Arrow schemas of the platform's own Delta tables.
+
+They live in one place because three parties must agree on them: the parser that produces rows, the
+writer that creates the tables, and the readers (Spark SQL, Dagster checks) that query them.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+RAW_CHANGE_EVENTS = pa.schema(
+    [
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("event_date", pa.date32(), nullable=False),
+        pa.field("table_id", pa.string()),
+        pa.field("source_connector", pa.string()),
+        pa.field("source_name", pa.string()),
+        pa.field("source_db", pa.string()),
+        pa.field("source_schema", pa.string()),
+        pa.field("source_table", pa.string()),
+        pa.field("op", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("before", pa.string()),
+        pa.field("after", pa.string()),
+        pa.field("row_schema", pa.string()),
+        pa.field("position", pa.string()),
+        pa.field("position_kind", pa.string()),
+        pa.field("source_ts", TS),
+        pa.field("envelope_ts", TS),
+        pa.field("snapshot", pa.bool_()),
+        pa.field("transaction_id", pa.string()),
+        pa.field("transaction_raw_id", pa.string()),
+        pa.field("tx_total_order", pa.int64()),
+        pa.field("tx_collection_order", pa.int64()),
+        pa.field("source_file", pa.string()),
+        pa.field("ingested_at", TS),
+        pa.field("line", pa.string()),
+    ]
+)
+RAW_PARTITION_BY = ["event_date"]
+
+TRANSACTION_MARKERS = pa.schema(
+    [
+        pa.field("marker_id", pa.string(), nullable=False),
+        pa.field("marker_date", pa.date32(), nullable=False),
+        pa.field("transaction_id", pa.string()),
+        pa.field("transaction_raw_id", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("event_count", pa.int64()),
+        pa.field("data_collections", pa.map_(pa.string(), pa.int64())),
+        pa.field("marker_shape", pa.string()),
+        pa.field("marker_ts", TS),
+        pa.field("source_file", pa.string()),
+        pa.field("ingested_at", TS),
+        pa.field("line", pa.string()),
+    ]
+)
+MARKERS_PARTITION_BY = ["marker_date"]
+
+DEAD_LETTER = pa.schema(
+    [
+        pa.field("reason_code", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("table_id", pa.string()),
+        pa.field("event_id", pa.string()),
+        pa.field("line", pa.string()),
+        pa.field("source_file", pa.string()),
+        pa.field("batch_id", pa.int64()),
+        pa.field("dead_lettered_at", TS, nullable=False),
+    ]
+)
+
+PIPELINE_METRICS = pa.schema(
+    [
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("started_at", TS),
+        pa.field("finished_at", TS),
+        pa.field("rows_read", pa.int64()),
+        pa.field("change_events", pa.int64()),
+        pa.field("markers", pa.int64()),
+        pa.field("tombstones", pa.int64()),
+        pa.field("dead_letters", pa.int64()),
+        pa.field("duplicates_skipped", pa.int64()),
+        pa.field("rows_landed", pa.map_(pa.string(), pa.int64())),
+        pa.field("stage_seconds", pa.map_(pa.string(), pa.float64())),
+        pa.field("stage_figures", pa.map_(pa.string(), pa.float64())),
+        pa.field("newest_source_ts", TS),
+        pa.field("lag_seconds", pa.float64()),
+    ]
+)
+
+#: What the parser emits per input line: one wide row whose `kind` says which table it feeds.
+PARSED = pa.schema(
+    [pa.field("kind", pa.string())]
+    + [pa.field(f.name, f.type) for f in RAW_CHANGE_EVENTS if f.name not in ("source_file", "ingested_at", "line", "event_date")]
+    + [
+        pa.field("event_date", pa.date32()),
+        pa.field("marker_id", pa.string()),
+        pa.field("marker_date", pa.date32()),
+        pa.field("status", pa.string()),
+        pa.field("event_count", pa.int64()),
+        pa.field("data_collections", pa.map_(pa.string(), pa.int64())),
+        pa.field("marker_shape", pa.string()),
+        pa.field("marker_ts", TS),
+        pa.field("reason_code", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("source_file", pa.string()),
+        pa.field("line", pa.string()),
+    ]
+)
