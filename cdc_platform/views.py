@@ -7,6 +7,7 @@ that `cdc run` writes, so a lake can be queried by someone who does not have its
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,9 +18,24 @@ from cdc_platform.errors import LakeError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: View builders: each takes (spark, lake dir) and registers views, returning their names. Later stages
-#: (latest state, transactions) add theirs here so `cdc sql` and Dagster register everything in one call.
-VIEW_REGISTRARS: list[Callable[[SparkSession, Path], list[str]]] = []
+#: Stage modules that define views: each may expose `register_views(spark, lake_dir) -> list[str]`,
+#: so `cdc sql` and Dagster register every table and view of a lake with one call.
+VIEW_MODULES: tuple[str, ...] = ("cdc_platform.latest_state", "cdc_platform.transactions")
+
+
+def _registrars() -> list[Callable[[SparkSession, Path], list[str]]]:
+    found = []
+    for name in VIEW_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        registrar = getattr(module, "register_views", None)
+        if registrar is not None:
+            found.append(registrar)
+    return found
 
 
 def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
@@ -30,7 +46,7 @@ def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
     for name, path in lake.lake_tables(lake_dir).items():
         lake.read_table(spark, path).createOrReplaceTempView(lake.quote_identifier(name))
         names.append(name)
-    for registrar in VIEW_REGISTRARS:
+    for registrar in _registrars():
         names.extend(registrar(spark, lake_dir))
     return names
 
