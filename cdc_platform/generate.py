@@ -1,0 +1,779 @@
+"""A realistic sample workload: Debezium MySQL output for a small `payments` database.
+
+The platform must be tested on what connectors actually deliver, not on tidy fixtures, so this module
+simulates a `payments` MySQL database (customers, charges, refunds) under an application load and
+writes what Debezium's MySQL connector (JSON converter, transaction metadata on) would put on Kafka,
+dumped topic by topic into JSON-lines files. Everything is derived from one seed, so tests and
+benchmarks can compare runs byte for byte.
+
+What the files look like, and why:
+
+* One folder per Kafka topic under `landing/`: `payments.payments.<table>` for changes and
+  `payments.transaction` for BEGIN/END markers. Topics are written independently, so one transaction's
+  events and markers land in different files, exactly the problem the platform has to solve.
+* An initial snapshot (`op: "r"`) of ~10% of the customers precedes streaming. All snapshot events
+  share one binlog coordinate and carry no transaction block, so `(file, pos, row)` alone does not
+  identify a snapshot event; the primary key must be part of any identity.
+* Streaming events carry a GTID transaction id and their own strictly increasing binlog position, so
+  sorting by `(file index, pos, row)` recovers the true history. `row` is always 0.
+* Faults real pipelines see are injected deterministically and counted: connector-restart duplicates
+  (identical except envelope `ts_ms`), an update delivered in a later file than a newer update to the
+  same key, truncated JSON lines, Kafka tombstones (`null`) after every delete, and some customers
+  files written with `schemas.enable=true` (`{"schema":..., "payload":...}` per line).
+
+The generator streams: it keeps the live rows it needs to emit correct `before` images plus one
+file's worth of lines per topic, never the whole history.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cdc_platform.errors import ConfigError
+
+__all__ = ["GeneratedWorkload", "generate_workload", "CDC_YAML", "SERVER_UUID"]
+
+SERVER_UUID = "8c1f2e3a-0b1c-11ef-9a43-0242ac120002"
+CONNECTOR_VERSION = "2.7.3.Final"
+TOPIC_PREFIX = "payments"  # Debezium `topic.prefix`, also `source.name`
+DATABASE = "payments"
+SERVER_ID = 223344
+START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+FIRST_GTID = 17
+FIRST_BINLOG_INDEX = 3
+TX_PER_BINLOG = 5000
+SNAPSHOT_POS = 4821
+BINLOG_FIRST_EVENT_POS = 197  # after the magic header, format description and previous-GTIDs events
+TABLES = ("customers", "charges", "refunds")
+TRANSACTION_TOPIC = f"{TOPIC_PREFIX}.transaction"
+
+SNAPSHOT_SHARE = 0.022  # snapshot customers per transaction: ~10% of all customers with the mix below
+DUPLICATE_RATE = 0.005
+MALFORMED_RATE = 1 / 25_000
+SCHEMA_FILE_RATE = 0.05
+LATE_PAIR_EVERY = 25_000  # one planned late delivery per this many transactions (at least one)
+
+CDC_YAML = """\
+landing: landing
+lake: lake
+tables:
+  payments.customers:
+    key: [id]
+    mask: [email]
+  payments.charges:
+    key: [id]
+  payments.refunds:
+    key: [id]
+"""
+
+# Transaction kinds and their weights. Charge creation (~38/100) roughly matches settlement
+# (~14 single + ~6 batches of 2-6) so the pending pool neither drains nor grows without bound.
+_KINDS: tuple[tuple[str, int], ...] = (
+    ("new_customer", 12),
+    ("signup_and_charge", 8),  # customers + charges
+    ("new_charge", 24),
+    ("checkout_with_profile_update", 6),  # customers + charges
+    ("settle", 14),
+    ("settle_batch", 6),
+    ("refund", 7),  # charges + refunds
+    ("customer_update", 19),
+    ("delete_customer", 2),
+    ("delete_failed_charge", 2),
+)
+_KIND_NAMES = tuple(k for k, _ in _KINDS)
+_KIND_CUM: list[int] = []
+for _, _w in _KINDS:
+    _KIND_CUM.append((_KIND_CUM[-1] if _KIND_CUM else 0) + _w)
+_KIND_TOTAL = _KIND_CUM[-1]
+
+_FIRST_NAMES = (
+    "Ana", "Ben", "Chloe", "Daniel", "Elif", "Farah", "Gustavo", "Hana", "Ivan", "Julia", "Kenji",
+    "Lena", "Mateo", "Nadia", "Omar", "Priya", "Quentin", "Rosa", "Sven", "Tomasz", "Uma", "Victor",
+    "Wei", "Ximena", "Yusuf", "Zoe",
+)
+_LAST_NAMES = (
+    "Silva", "Smith", "Muller", "Dubois", "Rossi", "Garcia", "Kowalski", "Tanaka", "Singh", "Jansen",
+    "Andersson", "Novak", "Okafor", "Haddad", "Kim", "Nguyen", "Costa", "Meyer", "Lopez", "Brown",
+)
+_DOMAINS = ("example.com", "mail.example.org", "inbox.example.net", "corp.example.io")
+_COUNTRY_CURRENCY = {
+    "US": "USD", "GB": "GBP", "DE": "EUR", "FR": "EUR", "NL": "EUR", "ES": "EUR", "IT": "EUR",
+    "BR": "BRL", "IN": "INR", "JP": "JPY", "CA": "CAD", "AU": "AUD", "SE": "SEK", "PL": "PLN",
+    "MX": "MXN",
+}
+_COUNTRIES = tuple(_COUNTRY_CURRENCY)
+_REFUND_REASONS = ("requested_by_customer", "duplicate", "fraudulent", "product_not_received")
+
+Row = dict[str, Any]
+# (table, op, before, after, late role: "" | "hold" | "arm")
+Change = tuple[str, str, "Row | None", "Row | None", str]
+
+
+@dataclass(frozen=True)
+class GeneratedWorkload:
+    """What was written, with the counts a test or benchmark needs to check a pipeline against."""
+
+    out_dir: Path
+    landing_dir: Path
+    config_path: Path
+    transactions: int  # committed source transactions generated
+    change_events: int  # distinct change events incl. snapshot reads (excluding injected duplicates)
+    duplicate_events: int  # injected redeliveries
+    markers: int  # BEGIN + END lines
+    malformed_lines: int  # injected bad lines
+    tombstones: int  # 'null' lines after deletes
+    files: int
+    expected_state: dict[str, dict[tuple, dict | None]]  # filled only when track_state=True
+
+
+def topic_for(table: str) -> str:
+    """Debezium's default topic name: `<topic.prefix>.<database>.<table>`."""
+    return f"{TOPIC_PREFIX}.{DATABASE}.{table}"
+
+
+def _customers_connect_schema() -> dict[str, Any]:
+    """The Connect schema the JSON converter emits for the customers envelope when schemas are on.
+
+    Matches Debezium 2.7's MySQL shape so a parser that types rows from the schema sees the real thing.
+    """
+
+    def col(kind: str, name: str, optional: bool = False) -> dict[str, Any]:
+        return {"type": kind, "optional": optional, "field": name}
+
+    row_fields = [
+        col("int32", "id"),
+        col("string", "name"),
+        col("string", "email"),
+        col("string", "country"),
+        col("int64", "created_at"),
+    ]
+
+    def row_image(field_name: str) -> dict[str, Any]:
+        return {
+            "type": "struct",
+            "fields": row_fields,
+            "optional": True,
+            "name": f"{topic_for('customers')}.Value",
+            "field": field_name,
+        }
+
+    source = {
+        "type": "struct",
+        "fields": [
+            col("string", "version"),
+            col("string", "connector"),
+            col("string", "name"),
+            col("int64", "ts_ms"),
+            {
+                "type": "string",
+                "optional": True,
+                "name": "io.debezium.data.Enum",
+                "version": 1,
+                "parameters": {
+                    "allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+                },
+                "default": "false",
+                "field": "snapshot",
+            },
+            col("string", "db"),
+            col("string", "sequence", True),
+            col("string", "table", True),
+            col("int64", "server_id"),
+            col("string", "gtid", True),
+            col("string", "file"),
+            col("int64", "pos"),
+            col("int32", "row"),
+            col("int64", "thread", True),
+            col("string", "query", True),
+        ],
+        "optional": False,
+        "name": "io.debezium.connector.mysql.Source",
+        "field": "source",
+    }
+    transaction = {
+        "type": "struct",
+        "fields": [col("string", "id"), col("int64", "total_order"), col("int64", "data_collection_order")],
+        "optional": True,
+        "name": "event.block",
+        "version": 1,
+        "field": "transaction",
+    }
+    return {
+        "type": "struct",
+        "fields": [row_image("before"), row_image("after"), source, col("string", "op"), col("int64", "ts_ms", True), transaction],
+        "optional": False,
+        "name": f"{topic_for('customers')}.Envelope",
+        "version": 1,
+    }
+
+
+def _dumps(obj: Any) -> str:
+    """Compact JSON as Kafka's JsonConverter writes it (no spaces, ASCII only)."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class _TopicWriter:
+    """Appends one topic's lines to `part-NNNNN.jsonl` files, injecting that topic's faults.
+
+    Faults are inserted only between "units" (an event plus its tombstone), so a delete is always
+    followed directly by its `null`. Lines are buffered one file at a time and serialised at flush,
+    because whether a customers file uses the schema-wrapped converter is decided per file.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        cap: int,
+        rng: random.Random,
+        schema: dict[str, Any] | None = None,
+        faults: bool = True,
+    ) -> None:
+        self.directory = directory
+        self.cap = cap
+        self.rng = rng
+        self.faults = faults
+        self._schema_prefix = '{"schema":' + _dumps(schema) + ',"payload":' if schema is not None else None
+        self._wrapped_any = False
+        self._buffer: list[Any] = []  # dict line | None (tombstone) | ("trunc", dict)
+        self.file_index = 0  # index of the file the buffer will become
+        self.lines = 0
+        self._dups: list[tuple[int, int, Row]] = []  # heap of (due line, seq, envelope)
+        self._dup_seq = 0
+        self._held: list[list[Any]] = []  # [key, envelope, file index of the newer update or None]
+        self.duplicates = 0
+        self.duplicates_scheduled = 0
+        self.malformed = 0
+        self.tombstones = 0
+        self.files = 0
+        self.last_candidate: Row | None = None  # latest envelope usable for a forced fault
+
+    # -- low level -------------------------------------------------------------------------------
+    def _put(self, item: Any) -> None:
+        if len(self._buffer) >= self.cap:
+            self._flush(last_chance=False)
+        self._buffer.append(item)
+        self.lines += 1
+
+    def _encode(self, env: Row, wrap: bool) -> str:
+        if wrap:
+            return self._schema_prefix + _dumps(env) + "}"  # type: ignore[operator]
+        return _dumps(env)
+
+    def _flush(self, last_chance: bool) -> None:
+        if not self._buffer:
+            return
+        wrap = False
+        if self._schema_prefix is not None:
+            # At least one wrapped file per topic: the last regular file if chance picked none before it.
+            wrap = self.rng.random() < SCHEMA_FILE_RATE or (last_chance and not self._wrapped_any)
+            self._wrapped_any = self._wrapped_any or wrap
+        out: list[str] = []
+        for item in self._buffer:
+            if item is None:
+                out.append("null")
+            elif type(item) is tuple:
+                text = self._encode(item[1], wrap)
+                out.append(text[: len(text) // 2])
+            else:
+                out.append(self._encode(item, wrap))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"part-{self.file_index:05d}.jsonl"
+        with open(path, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write("\n".join(out))
+            fh.write("\n")
+        self._buffer = []
+        self.file_index += 1
+        self.files += 1
+
+    def _boundary(self) -> None:
+        """Release redeliveries that are due and held-back events whose newer update is in an earlier file."""
+        while self._dups and self._dups[0][0] <= self.lines:
+            self._put(heapq.heappop(self._dups)[2])
+            self.duplicates += 1
+        if self._held:
+            keep: list[list[Any]] = []
+            for held in self._held:
+                if held[2] is not None and self.file_index > held[2]:
+                    self._put(held[1])
+                else:
+                    keep.append(held)
+            self._held = keep
+
+    # -- public --------------------------------------------------------------------------------
+    def add_marker(self, marker: Row) -> None:
+        self._put(marker)
+
+    def schedule_duplicate(self, env: Row, due_line: int, delay_ms: int) -> None:
+        dup = dict(env)
+        dup["ts_ms"] = env["ts_ms"] + delay_ms
+        heapq.heappush(self._dups, (due_line, self._dup_seq, dup))
+        self._dup_seq += 1
+        self.duplicates_scheduled += 1
+
+    def add_change(self, env: Row, key: int, late: str = "") -> None:
+        self._boundary()
+        if late == "hold":
+            self._held.append([key, env, None])
+            return
+        is_delete = env["op"] == "d"
+        rng = self.rng
+        if self.faults and rng.random() < MALFORMED_RATE:
+            self._put(("trunc", env))  # a partial write, then the retried full line
+            self.malformed += 1
+        self._put(env)
+        if is_delete:
+            self._put(None)
+            self.tombstones += 1
+        if late == "arm":
+            for held in self._held:
+                if held[0] == key and held[2] is None:
+                    held[2] = self.file_index
+        elif not is_delete:
+            self.last_candidate = env
+            if self.faults and rng.random() < DUPLICATE_RATE:
+                self.schedule_duplicate(env, self.lines + rng.randint(1, 2 * self.cap), rng.randint(1_000, 30_000))
+
+    def add_truncated(self, env: Row) -> None:
+        self._boundary()
+        self._put(("trunc", env))
+        self.malformed += 1
+
+    def close(self) -> None:
+        self._boundary()
+        while self._dups:
+            self._put(heapq.heappop(self._dups)[2])
+            self.duplicates += 1
+        for held in self._held:
+            if held[2] is not None and self.file_index <= held[2]:
+                # Start a new file so the late event really lands later. The guaranteed schema-wrapped
+                # file is this full one, not the late event's own, so the two faults stay separable.
+                self._flush(last_chance=True)
+            self._put(held[1])
+        self._held = []
+        self._flush(last_chance=True)
+
+
+class _Simulator:
+    """The source database: live rows plus the pools the application draws its next action from.
+
+    Rows are never mutated in place: an update builds a new dict, so the previous dict can serve as the
+    event's `before` image and every emitted image stays valid after later changes.
+    """
+
+    def __init__(self, rng: random.Random, track_state: bool) -> None:
+        self.rng = rng
+        self.track = track_state
+        self.now = START_MS
+        self.customers: dict[int, Row] = {}
+        self.charges: dict[int, Row] = {}
+        self.refunds: dict[int, Row] = {}
+        self.deleted: dict[str, set[int]] = {t: set() for t in TABLES}
+        self.customer_ids: list[int] = []  # creation order, for recency-biased picks
+        self.charge_count: dict[int, int] = {}
+        self.pending: list[int] = []
+        self.refundable_ids: list[int] = []
+        self.refundable: set[int] = set()
+        self.failed: list[int] = []
+        self.protected: set[int] = set()
+        self.next_id = {t: 1 for t in TABLES}
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _new_id(self, table: str) -> int:
+        value = self.next_id[table]
+        self.next_id[table] = value + 1
+        return value
+
+    def _pick_recent(self, ids: list[int], ok: Callable[[int], bool]) -> int | None:
+        """Mostly a recently created key (recent customers and charges see most activity), sometimes any."""
+        n = len(ids)
+        if n == 0:
+            return None
+        rng = self.rng
+        for _ in range(8):
+            if rng.random() < 0.7:
+                idx = n - 1 - min(n - 1, int(rng.expovariate(1 / 40)))
+            else:
+                idx = rng.randrange(n)
+            candidate = ids[idx]
+            if ok(candidate):
+                return candidate
+        return None
+
+    def _live_customer(self) -> int | None:
+        return self._pick_recent(self.customer_ids, self.customers.__contains__)
+
+    def _make_customer(self, cid: int, created_at: int) -> Row:
+        rng = self.rng
+        first = rng.choice(_FIRST_NAMES)
+        last = rng.choice(_LAST_NAMES)
+        return {
+            "id": cid,
+            "name": f"{first} {last}",
+            "email": f"{first.lower()}.{last.lower()}{cid}@{rng.choice(_DOMAINS)}",
+            "country": rng.choice(_COUNTRIES),
+            "created_at": created_at,
+        }
+
+    def snapshot_customer(self, created_at: int) -> Row:
+        cid = self._new_id("customers")
+        row = self._make_customer(cid, created_at)
+        self.customers[cid] = row
+        self.customer_ids.append(cid)
+        return row
+
+    # -- change builders -----------------------------------------------------------------------
+    def _insert_customer(self) -> Change:
+        cid = self._new_id("customers")
+        row = self._make_customer(cid, self.now)
+        self.customers[cid] = row
+        self.customer_ids.append(cid)
+        return ("customers", "c", None, row, "")
+
+    def _update_customer(self, cid: int, late: str = "") -> Change:
+        rng = self.rng
+        before = self.customers[cid]
+        after = dict(before)
+        what = rng.random()
+        if what < 0.5 or late:
+            local, _, _domain = before["email"].partition("@")
+            after["email"] = f"{local.rstrip('0123456789.')}.{rng.randint(1, 999)}@{rng.choice(_DOMAINS)}"
+        if what >= 0.35:
+            after["country"] = rng.choice([c for c in _COUNTRIES if c != before["country"]])
+        self.customers[cid] = after
+        return ("customers", "u", before, after, late)
+
+    def _insert_charge(self, cid: int) -> Change:
+        rng = self.rng
+        chid = self._new_id("charges")
+        country = self.customers[cid]["country"]
+        currency = _COUNTRY_CURRENCY[country] if rng.random() < 0.9 else "USD"
+        roll = rng.random()
+        status = "pending" if roll < 0.8 else ("succeeded" if roll < 0.95 else "failed")
+        row = {
+            "id": chid,
+            "customer_id": cid,
+            "amount_cents": max(50, int(rng.lognormvariate(7.6, 1.1))),
+            "currency": currency,
+            "status": status,
+            "updated_at": self.now,
+        }
+        self.charges[chid] = row
+        self.charge_count[cid] = self.charge_count.get(cid, 0) + 1
+        self._enter_pool(chid, status)
+        return ("charges", "c", None, row, "")
+
+    def _enter_pool(self, chid: int, status: str) -> None:
+        if status == "pending":
+            self.pending.append(chid)
+        elif status == "succeeded":
+            self.refundable_ids.append(chid)
+            self.refundable.add(chid)
+        elif status == "failed":
+            self.failed.append(chid)
+
+    def _set_charge_status(self, chid: int, status: str) -> Change:
+        before = self.charges[chid]
+        after = dict(before)
+        after["status"] = status
+        after["updated_at"] = self.now
+        if status == "refunded" and not self.track:
+            del self.charges[chid]  # terminal: nothing will touch it again
+        else:
+            self.charges[chid] = after
+        return ("charges", "u", before, after, "")
+
+    def _take(self, pool: list[int]) -> int:
+        i = self.rng.randrange(len(pool))
+        pool[i], pool[-1] = pool[-1], pool[i]
+        return pool.pop()
+
+    def _settle_one(self) -> Change:
+        chid = self._take(self.pending)
+        status = "succeeded" if self.rng.random() < 0.88 else "failed"
+        change = self._set_charge_status(chid, status)
+        self._enter_pool(chid, status)
+        return change
+
+    # -- transactions --------------------------------------------------------------------------
+    def run(self, kind: str) -> list[Change]:
+        """Apply one application transaction; fall back to a plain new charge when it has nothing to act on."""
+        rng = self.rng
+        if kind == "new_customer":
+            return [self._insert_customer()]
+        if kind == "signup_and_charge":
+            first = self._insert_customer()
+            return [first, self._insert_charge(first[3]["id"])]  # type: ignore[index]
+        if kind == "new_charge":
+            pass  # the shared fallback below is exactly this transaction
+        elif kind == "checkout_with_profile_update":
+            cid = self._live_customer()
+            if cid is not None:
+                return [self._update_customer(cid), self._insert_charge(cid)]
+        elif kind == "settle":
+            if self.pending:
+                return [self._settle_one()]
+        elif kind == "settle_batch":
+            if len(self.pending) >= 2:
+                return [self._settle_one() for _ in range(min(rng.randint(2, 6), len(self.pending)))]
+        elif kind == "refund":
+            chid = self._pick_recent(self.refundable_ids, self.refundable.__contains__)
+            if chid is not None:
+                self.refundable.discard(chid)
+                charge = self.charges[chid]
+                amount = charge["amount_cents"]
+                if rng.random() >= 0.6 and amount > 1:
+                    amount = rng.randint(1, amount - 1)
+                refund = {
+                    "id": self._new_id("refunds"),
+                    "charge_id": chid,
+                    "amount_cents": amount,
+                    "reason": rng.choice(_REFUND_REASONS),
+                }
+                if self.track:
+                    self.refunds[refund["id"]] = refund
+                return [self._set_charge_status(chid, "refunded"), ("refunds", "c", None, refund, "")]
+        elif kind == "customer_update":
+            cid = self._live_customer()
+            if cid is not None:
+                return [self._update_customer(cid)]
+        elif kind == "delete_customer":
+            if len(self.customers) > 1:
+                cid = self._pick_recent(
+                    self.customer_ids,
+                    lambda c: c in self.customers and not self.charge_count.get(c) and c not in self.protected,
+                )
+                if cid is not None:
+                    before = self.customers.pop(cid)
+                    self.charge_count.pop(cid, None)
+                    self.deleted["customers"].add(cid)
+                    return [("customers", "d", before, None, "")]
+        elif kind == "delete_failed_charge":
+            if self.failed:
+                chid = self._take(self.failed)
+                before = self.charges.pop(chid)
+                self.charge_count[before["customer_id"]] -= 1
+                if self.track:
+                    self.deleted["charges"].add(chid)
+                return [("charges", "d", before, None, "")]
+        else:
+            raise AssertionError(kind)
+        cid = self._live_customer()
+        if cid is None:
+            return [self._insert_customer()]
+        return [self._insert_charge(cid)]
+
+    def late_first(self) -> tuple[list[Change], int]:
+        """The older half of a planned late delivery: an update whose key is updated again shortly."""
+        cid = self._live_customer()
+        if cid is None:  # recency picks can miss; fall back to the newest live customer
+            cid = next(c for c in reversed(self.customer_ids) if c in self.customers)
+        self.protected.add(cid)
+        return [self._update_customer(cid, late="hold")], cid
+
+    def late_second(self, cid: int) -> list[Change]:
+        self.protected.discard(cid)
+        return [self._update_customer(cid, late="arm")]
+
+    def expected_state(self) -> dict[str, dict[tuple, dict | None]]:
+        state: dict[str, dict[tuple, dict | None]] = {}
+        for table, rows in (("customers", self.customers), ("charges", self.charges), ("refunds", self.refunds)):
+            merged: dict[int, dict | None] = dict(rows)
+            for key in self.deleted[table]:
+                merged[key] = None
+            state[f"{DATABASE}.{table}"] = {(k,): merged[k] for k in sorted(merged)}
+        return state
+
+
+def _plan_late_pairs(transactions: int, rng: random.Random) -> dict[int, tuple[str, int]]:
+    """Transaction slots for the planned late deliveries: {index: ("first"|"second", pair number)}."""
+    plan: dict[int, tuple[str, int]] = {}
+    if transactions < 2:
+        return plan
+    pairs = max(1, transactions // LATE_PAIR_EVERY)
+    span = transactions / pairs
+    for p in range(pairs):
+        first = min(transactions - 2, int(span * p + span * 0.37))
+        second = min(transactions - 1, first + rng.randint(1, 3))
+        if first in plan or second in plan:
+            continue
+        plan[first] = ("first", p)
+        plan[second] = ("second", p)
+    return plan
+
+
+def generate_workload(
+    out_dir: str | Path,
+    transactions: int = 200,
+    seed: int = 7,
+    events_per_file: int = 500,
+    track_state: bool = True,
+) -> GeneratedWorkload:
+    """Write a deterministic Debezium MySQL workload to `out_dir/landing` and its `out_dir/cdc.yaml`.
+
+    Refuses a landing directory that already holds files, so two workloads are never mixed.
+    `track_state=False` skips building `expected_state` (and keeps less in memory); the files written
+    are identical either way.
+    """
+    if isinstance(transactions, bool) or not isinstance(transactions, int) or transactions < 1:
+        raise ConfigError(f"transactions must be an integer >= 1, got {transactions!r}")
+    if isinstance(events_per_file, bool) or not isinstance(events_per_file, int) or events_per_file < 1:
+        raise ConfigError(f"events_per_file must be an integer >= 1, got {events_per_file!r}")
+    out = Path(out_dir)
+    landing = out / "landing"
+    if landing.exists():
+        if not landing.is_dir():
+            raise ConfigError(f"{landing} exists and is not a directory; remove it or choose another out_dir")
+        if any(p.is_file() for p in landing.rglob("*")):
+            raise ConfigError(
+                f"{landing} already contains files; delete it or choose an empty out_dir so two workloads are not mixed"
+            )
+    landing.mkdir(parents=True, exist_ok=True)
+    config_path = out / "cdc.yaml"
+    config_path.write_text(CDC_YAML, encoding="utf-8")
+
+    rng = random.Random(seed)
+    plan_rng = random.Random(seed * 1_000_003 + 1)
+    sim = _Simulator(rng, track_state)
+    writers = {
+        table: _TopicWriter(
+            landing / topic_for(table),
+            events_per_file,
+            random.Random(seed * 1_000_003 + 10 + i),
+            schema=_customers_connect_schema() if table == "customers" else None,
+        )
+        for i, table in enumerate(TABLES)
+    }
+    tx_writer = _TopicWriter(landing / TRANSACTION_TOPIC, events_per_file, random.Random(seed * 1_000_003 + 99), faults=False)
+    change_events = 0
+
+    # Initial snapshot: one consistent read at one binlog coordinate, no transaction metadata.
+    binlog_index = FIRST_BINLOG_INDEX
+    binlog_file = f"mysql-bin.{binlog_index:06d}"
+    snapshot_count = max(1, round(transactions * SNAPSHOT_SHARE))
+    year_ms = 365 * 86_400_000
+    step = year_ms // snapshot_count  # created during 2025, in id order
+    for i in range(snapshot_count):
+        row = sim.snapshot_customer(START_MS - year_ms + i * step + rng.randrange(step))
+        source = {
+            "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": START_MS,
+            "snapshot": "last" if i == snapshot_count - 1 else "true", "db": DATABASE, "sequence": None,
+            "table": "customers", "server_id": SERVER_ID, "gtid": None, "file": binlog_file,
+            "pos": SNAPSHOT_POS, "row": 0, "thread": None, "query": None,
+        }
+        env = {"before": None, "after": row, "source": source, "op": "r", "ts_ms": START_MS + 40 + i, "transaction": None}
+        writers["customers"].add_change(env, row["id"])
+        change_events += 1
+
+    # Streaming.
+    plan = _plan_late_pairs(transactions, plan_rng)
+    late_keys: dict[int, int] = {}
+    pos = SNAPSHOT_POS
+    tx_in_file = 0
+    commit = START_MS
+    kind_names = _KIND_NAMES
+    kind_cum = _KIND_CUM
+    for t in range(transactions):
+        if tx_in_file >= TX_PER_BINLOG:
+            binlog_index += 1
+            binlog_file = f"mysql-bin.{binlog_index:06d}"
+            pos = BINLOG_FIRST_EVENT_POS
+            tx_in_file = 0
+        tx_in_file += 1
+        commit += rng.randint(50, 600)
+        sim.now = commit
+        slot = plan.get(t)
+        if slot is None:
+            changes = sim.run(kind_names[bisect.bisect_right(kind_cum, rng.random() * _KIND_TOTAL)])
+        elif slot[0] == "first":
+            changes, late_keys[slot[1]] = sim.late_first()
+        else:
+            changes = sim.late_second(late_keys.pop(slot[1]))
+
+        gtid = f"{SERVER_UUID}:{FIRST_GTID + t}"
+        thread = rng.randint(8, 40)
+        delay = rng.randint(10, 490)
+        pos += 65 + rng.randint(70, 90)  # GTID event, then the BEGIN query event
+        tx_writer.add_marker({"status": "BEGIN", "id": gtid, "ts_ms": commit, "event_count": None, "data_collections": None})
+        per_table: dict[str, int] = {}
+        for order, (table, op, before, after, late) in enumerate(changes, 1):
+            dc_order = per_table.get(table, 0) + 1
+            per_table[table] = dc_order
+            pos += rng.randint(50, 80)  # table map event
+            source = {
+                "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": commit,
+                "snapshot": "false", "db": DATABASE, "sequence": None, "table": table, "server_id": SERVER_ID,
+                "gtid": gtid, "file": binlog_file, "pos": pos, "row": 0, "thread": thread, "query": None,
+            }
+            pos += rng.randint(90, 420)  # the rows event itself
+            env = {
+                "before": before,
+                "after": after,
+                "source": source,
+                "op": op,
+                "ts_ms": commit + delay + min(order - 1, 9),
+                "transaction": {"id": gtid, "total_order": order, "data_collection_order": dc_order},
+            }
+            key = (after if after is not None else before)["id"]  # type: ignore[index]
+            writers[table].add_change(env, key, late)
+            change_events += 1
+        pos += 31  # XID event
+        tx_writer.add_marker(
+            {
+                "status": "END",
+                "id": gtid,
+                "ts_ms": commit,
+                "event_count": len(changes),
+                "data_collections": [
+                    {"data_collection": f"{DATABASE}.{table}", "event_count": n} for table, n in per_table.items()
+                ],
+            }
+        )
+
+    # Guarantee each fault at least once, whatever the dice said.
+    customers = writers["customers"]
+    if not any(w.duplicates_scheduled for w in writers.values()):
+        assert customers.last_candidate is not None  # the snapshot always has one customer
+        customers.schedule_duplicate(customers.last_candidate, customers.lines + 1, plan_rng.randint(1_000, 30_000))
+    if not any(w.malformed for w in writers.values()):
+        assert customers.last_candidate is not None
+        customers.add_truncated(customers.last_candidate)
+
+    for writer in (*writers.values(), tx_writer):
+        writer.close()
+
+    return GeneratedWorkload(
+        out_dir=out,
+        landing_dir=landing,
+        config_path=config_path,
+        transactions=transactions,
+        change_events=change_events,
+        duplicate_events=sum(w.duplicates for w in writers.values()),
+        markers=tx_writer.lines,
+        malformed_lines=sum(w.malformed for w in writers.values()),
+        tombstones=sum(w.tombstones for w in writers.values()),
+        files=sum(w.files for w in (*writers.values(), tx_writer)),
+        expected_state=sim.expected_state() if track_state else {},
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use and timing
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description="Write a sample Debezium MySQL payments workload.")
+    parser.add_argument("out_dir")
+    parser.add_argument("--transactions", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--events-per-file", type=int, default=500)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    result = generate_workload(args.out_dir, args.transactions, args.seed, args.events_per_file, track_state=False)
+    elapsed = time.perf_counter() - started
+    lines = result.change_events + result.duplicate_events + result.markers + result.malformed_lines + result.tombstones
+    print(f"{lines} lines ({result.change_events} change events) in {result.files} files, {elapsed:.1f}s")

@@ -1,0 +1,216 @@
+"""The parser against real connector output (peer data) and every dead-letter reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line, rows_to_batch
+from cdc_platform.schemas import PARSED
+
+KEYS = KeySpec({"inventory.products": ["id"], "payments.customers": ["id"]})
+
+
+def parse_file(path: Path, keys: KeySpec = KEYS) -> list[dict[str, Any]]:
+    return [parse_line(line.rstrip("\n"), str(path), keys) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def change(**overrides: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "before": None,
+        "after": {"id": 1, "email": "a@example.com"},
+        "source": {"connector": "mysql", "name": "payments", "db": "payments", "table": "customers", "ts_ms": 1767225600000,
+                   "file": "mysql-bin.000003", "pos": 4821, "row": 0, "snapshot": "false"},
+        "op": "c",
+        "ts_ms": 1767225600123,
+        "transaction": {"id": "8c1f2e3a-0b1c-11ef-9a43-0242ac120002:17", "total_order": 1, "data_collection_order": 1},
+    }
+    event.update(overrides)
+    return event
+
+
+def test_schema_exclude_file_normalises_every_line(peer_files: dict[str, Path]) -> None:
+    rows = parse_file(peer_files["schema_exclude"])
+    assert [r["kind"] for r in rows] == ["change"] * 16
+    snapshot = [r for r in rows if r["op"] == "r"]
+    assert len(snapshot) == 9
+    assert all(r["snapshot"] for r in snapshot)
+    assert len({r["position"] for r in snapshot}) == 1, "snapshot reads share the snapshot's LSN"
+    first = rows[0]
+    assert first["table_id"] == "inventory.products"
+    assert first["position_kind"] == "pg_lsn"
+    assert first["position"] == f"{34078720:020d}"
+    assert first["key"] == '{"id":101}'
+    assert json.loads(first["after"]) == {"id": 101, "name": "scooter", "description": "Small 2-wheel scooter", "weight": 3.14}
+    assert first["before"] is None
+    assert first["source_ts"] == 1596001099434 * 1000
+    assert first["transaction_id"] is None
+    streamed = [r for r in rows if r["op"] != "r"]
+    positions = [r["position"] for r in streamed]
+    assert positions == sorted(positions), "later changes have higher LSNs"
+    assert {r["op"] for r in streamed} == {"c", "u", "d"}
+    delete = next(r for r in rows if r["op"] == "d")
+    assert delete["key"] == '{"id":111}'
+    assert delete["after"] is None and json.loads(delete["before"])["weight"] == 5.17
+    assert len({r["event_id"] for r in rows}) == 16
+    assert rows_to_batch(rows).schema == PARSED
+
+
+def test_replica_identity_default_keeps_updates_and_dead_letters_the_keyless_delete(peer_files: dict[str, Path]) -> None:
+    rows = parse_file(peer_files["replica_identity"])
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("change") == 15 and kinds.count("dead_letter") == 1
+    updates = [r for r in rows if r.get("op") == "u"]
+    assert updates and all(r["before"] is None and r["after"] for r in updates)
+    dead = rows[-1]
+    assert dead["kind"] == "dead_letter" and dead["reason_code"] == "delete_without_row"
+    assert "REPLICA IDENTITY FULL" in dead["reason"] and "message key" in dead["reason"]
+    assert dead["table_id"] == "inventory.products"
+    assert dead["line"].startswith('{"before":null,"after":null')
+
+
+def test_schema_payload_wrapper_is_unwrapped_and_its_schema_kept(peer_files: dict[str, Path]) -> None:
+    plain_line = peer_files["schema_exclude"].read_text(encoding="utf-8").splitlines()[0]
+    payload = json.loads(plain_line)
+    schema = {"type": "struct", "name": "fullfillment.inventory.products.Envelope", "optional": False, "fields": [
+        {"field": "before", "type": "struct", "optional": True, "fields": [{"field": "id", "type": "int32", "optional": False}]},
+        {"field": "after", "type": "struct", "optional": True, "fields": [
+            {"field": "id", "type": "int32", "optional": False}, {"field": "weight", "type": "double", "optional": True}]},
+    ]}
+    wrapped = parse_line(json.dumps({"schema": schema, "payload": payload}), "f", KEYS)
+    plain = parse_line(plain_line, "f", KEYS)
+    assert wrapped["kind"] == "change"
+    assert json.loads(wrapped["row_schema"])["field"] == "after"
+    assert plain["row_schema"] is None
+    for column in ("event_id", "table_id", "op", "key", "after", "position", "source_ts"):
+        assert wrapped[column] == plain[column], column
+
+
+def test_identity_ignores_envelope_ts_ms_only() -> None:
+    a = parse_line(json.dumps(change()), "f", KEYS)
+    restarted = parse_line(json.dumps(change(ts_ms=1767225699999)), "g", KEYS)
+    other = parse_line(json.dumps(change(after={"id": 1, "email": "b@example.com"})), "f", KEYS)
+    assert a["event_id"] == restarted["event_id"]
+    assert a["event_id"] != other["event_id"]
+
+
+def test_mysql_binlog_position_orders_across_files() -> None:
+    def pos(file: str, p: int, row: int = 0) -> str:
+        src = change()["source"] | {"file": file, "pos": p, "row": row}
+        return parse_line(json.dumps(change(source=src)), "f", KEYS)["position"]
+
+    assert pos("mysql-bin.000003", 9999999) < pos("mysql-bin.000004", 4)
+    assert pos("mysql-bin.000003", 100, 0) < pos("mysql-bin.000003", 100, 1) < pos("mysql-bin.000003", 101, 0)
+
+
+@pytest.mark.parametrize(
+    ("connector", "source", "kind"),
+    [
+        ("sqlserver", {"commit_lsn": "0000002b:00000420:0003", "change_lsn": "0000002b:00000420:0002", "event_serial_no": 1}, "sqlserver_lsn"),
+        ("oracle", {"scn": "1234567"}, "oracle_scn"),
+        ("mongodb", {"ord": 3}, "mongodb_oplog"),
+        ("db2", {}, "source_ts_fallback"),
+    ],
+)
+def test_other_connectors_get_a_documented_position(connector: str, source: dict[str, Any], kind: str) -> None:
+    src = {"connector": connector, "db": "payments", "table": "customers", "ts_ms": 1767225600000, **source}
+    row = parse_line(json.dumps(change(source=src)), "f", KEYS)
+    assert row["kind"] == "change" and row["position_kind"] == kind and row["position"]
+
+
+def test_transaction_ids_normalise_only_the_postgres_form() -> None:
+    assert normalise_transaction_id("571:53195829") == "571"
+    gtid = "8c1f2e3a-0b1c-11ef-9a43-0242ac120002:17"
+    assert normalise_transaction_id(gtid) == gtid
+    assert normalise_transaction_id("file=mysql-bin.000003,pos=154") == "file=mysql-bin.000003,pos=154"
+    pg = change(transaction={"id": "571:53195832", "total_order": 2, "data_collection_order": 1})
+    row = parse_line(json.dumps(pg), "f", KEYS)
+    assert row["transaction_id"] == "571" and row["transaction_raw_id"] == "571:53195832" and row["tx_total_order"] == 2
+
+
+def test_debezium_and_stripe_markers_normalise_to_one_shape() -> None:
+    begin = parse_line('{"status":"BEGIN","id":"571:53195829","ts_ms":1486500577125,"event_count":null,"data_collections":null}', "f", KEYS)
+    end = parse_line(json.dumps({"status": "END", "id": "571:53195832", "ts_ms": 1486500577691, "event_count": 2,
+                                 "data_collections": [{"data_collection": "s1.a", "event_count": 1}, {"data_collection": "s1.b", "event_count": 1}]}), "f", KEYS)
+    assert (begin["kind"], begin["status"], begin["transaction_id"], begin["marker_id"]) == ("marker", "BEGIN", "571", "571|BEGIN")
+    assert (end["status"], end["event_count"], end["data_collections"]) == ("END", 2, [("s1.a", 1), ("s1.b", 1)])
+    stripe = parse_line(json.dumps({"marker": "COMMIT", "transaction_id": "tx-9", "ts_ms": 5, "total_events": 3,
+                                    "per_source_event_counts": {"payments.charges": 2, "payments.audits": 1}}), "f", KEYS)
+    assert (stripe["status"], stripe["marker_shape"], stripe["event_count"], stripe["transaction_id"]) == ("END", "stripe", 3, "tx-9")
+    assert dict(stripe["data_collections"]) == {"payments.charges": 2, "payments.audits": 1}
+
+
+@pytest.mark.parametrize("line", ["", "   ", "null", "\r", '{"schema": {"type": "struct"}, "payload": null}'])
+def test_tombstones(line: str) -> None:
+    assert parse_line(line, "f", KEYS)["kind"] == "tombstone"
+
+
+DEAD_CASES: dict[str, str] = {
+    "not_json": '{"before": null, "after": {"id": 1',
+    "not_object": "[1, 2, 3]",
+    "missing_op": json.dumps({k: v for k, v in change().items() if k != "op"}),
+    "unknown_op": json.dumps(change(op="x")),
+    "missing_table": json.dumps(change(source={"connector": "mysql", "db": "payments"})),
+    "unsafe_table_name": json.dumps(change(source=change()["source"] | {"table": "../x"})),
+    "missing_after": json.dumps(change(op="u", after=None, before={"id": 1})),
+    "delete_without_row": json.dumps(change(op="d", after=None, before=None)),
+    "missing_key": json.dumps(change(after={"email": "no-id@example.com"})),
+    "invalid_field": json.dumps(change(after=[1, 2])),
+    "invalid_marker": '{"status": "ABORT", "id": "1:2"}',
+    "unrecognised_shape": '{"hello": "world"}',
+}
+
+
+def test_every_reason_has_a_case() -> None:
+    assert set(DEAD_CASES) | {"line_too_long"} == set(REASONS)
+
+
+@pytest.mark.parametrize(("code", "line"), sorted(DEAD_CASES.items()))
+def test_dead_letter_reasons(code: str, line: str) -> None:
+    row = parse_line(line, "landing/x.jsonl", KEYS)
+    assert row["kind"] == "dead_letter", row
+    assert row["reason_code"] == code
+    assert row["reason"] and "{" not in row["reason"].split(";")[0][:3]
+    assert row["line"] == line and row["source_file"] == "landing/x.jsonl"
+
+
+def test_line_too_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cdc_platform.envelope as envelope
+
+    monkeypatch.setattr(envelope, "MAX_LINE_CHARS", 100)
+    row = parse_line(json.dumps(change()), "f", KEYS)
+    assert row["reason_code"] == "line_too_long" and "bytes" in row["reason"]
+
+
+def test_unsafe_names_are_rejected_in_every_part() -> None:
+    for src in ({"db": "../etc", "table": "x"}, {"db": "payments", "table": "a b"}, {"schema": "x/y", "table": "t"}, {"db": "p", "table": "t.u"}):
+        line = json.dumps(change(source={"connector": "mysql", **src}))
+        assert parse_line(line, "f", KEYS)["reason_code"] == "unsafe_table_name", src
+
+
+def test_keyless_delete_with_message_key_is_kept() -> None:
+    envelope = change(op="d", after=None, before=None)
+    row = parse_line(json.dumps({"key": {"id": 7}, "value": envelope}), "f", KEYS)
+    assert row["kind"] == "change" and row["key"] == '{"id":7}' and json.loads(row["before"]) == {"id": 7}
+
+
+def test_numbers_as_strings_are_accepted_for_positions() -> None:
+    src = change()["source"] | {"pos": "4821", "ts_ms": "1767225600000"}
+    row = parse_line(json.dumps(change(source=src)), "f", KEYS)
+    assert row["kind"] == "change" and row["source_ts"] == 1767225600000 * 1000
+    bad = change()["source"] | {"pos": "lots"}
+    assert parse_line(json.dumps(change(source=bad)), "f", KEYS)["reason_code"] == "invalid_field"
+
+
+def test_unconfigured_tables_land_without_a_key() -> None:
+    src = change()["source"] | {"table": "audits"}
+    row = parse_line(json.dumps(change(source=src)), "f", KEYS)
+    assert row["kind"] == "change" and row["table_id"] == "payments.audits" and row["key"] is None
+
+
+def test_truncate_needs_no_row_image() -> None:
+    row = parse_line(json.dumps(change(op="t", after=None)), "f", KEYS)
+    assert row["kind"] == "change" and row["op"] == "t" and row["key"] is None
