@@ -80,6 +80,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _cell(value: Any) -> str:
+    plain = _jsonable(value)
+    return json.dumps(plain, ensure_ascii=False) if isinstance(plain, (dict, list)) else str(plain)
+
+
 def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
     """Render query results; `json` is one array of row objects (a public, scripted format)."""
     if fmt == "json":
@@ -89,9 +94,9 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str)
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
-            writer.writerow(["" if v is None else (json.dumps(_jsonable(v)) if isinstance(v, (dict, list)) else _jsonable(v)) for v in row])
+            writer.writerow(["" if v is None else _cell(v) for v in row])
         return buf.getvalue().rstrip("\n")
-    cells = [["NULL" if v is None else str(_jsonable(v)) for v in row] for row in rows]
+    cells = [["NULL" if v is None else _cell(v) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     out = [line, "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |", line]

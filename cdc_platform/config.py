@@ -34,7 +34,7 @@ SYSTEM_TABLES: tuple[str, ...] = (
     "consistency_watermark",
 )
 
-LAKE_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,127}$")
+LAKE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,127}$")  # no leading _: the lake keeps its own state in _dirs
 SOURCE_PART_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$\-]{0,127}$")
 COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,127}$")
 

@@ -1,0 +1,83 @@
+"""Config loading: one typed object, relative paths, overrides, and rejections that name the entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdc_platform.config import load_config
+from cdc_platform.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "conf" / "cdc.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_loads_tables_and_resolves_paths_against_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+landing: landing
+lake: /abs/lake
+transaction_timeout: 30
+tables:
+  payments.customers: {key: [id], mask: [email, phone]}
+  inventory.Products: {key: [id, region], name: items}
+""")
+    cfg = load_config(path)
+    assert cfg.landing == (tmp_path / "conf" / "landing").resolve()
+    assert cfg.lake == Path("/abs/lake")
+    assert cfg.checkpoint_dir == Path("/abs/lake/_checkpoints/ingest")
+    assert cfg.transaction_timeout == 30.0
+    customers, items = cfg.tables
+    assert (customers.name, customers.key, customers.mask) == ("customers", ("id",), ("email", "phone"))
+    assert (items.source, items.name, items.key) == ("inventory.Products", "items", ("id", "region"))
+    assert cfg.table_for_source("payments.customers") is customers
+    assert cfg.keys_by_source == {"payments.customers": ("id",), "inventory.Products": ("id", "region")}
+
+
+def test_default_lake_name_is_the_lower_cased_table_part(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "landing: l\nlake: k\ntables:\n  inventory.Products: {key: [id]}\n"))
+    assert cfg.tables[0].name == "products"
+
+
+def test_flags_override_the_file_and_the_env_var_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "landing: landing\nlake: lake\n")
+    cfg = load_config(None, lake=tmp_path / "elsewhere", environ={"CDC_CONFIG": str(path)})
+    assert cfg.lake == (tmp_path / "elsewhere").resolve()
+    assert cfg.landing == (tmp_path / "conf" / "landing").resolve()
+    flags_only = load_config(None, landing=tmp_path / "a", lake=tmp_path / "b", environ={})
+    assert flags_only.tables == () and flags_only.source_file is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("landing: l\nlake: k\nlakes: x\n", "unknown key(s) lakes"),
+        ("landing: l\nlake: k\ntables:\n  p.c: {keys: [id]}\n", "tables.p.c: unknown key(s) keys"),
+        ("landing: l\nlake: k\ntables:\n  p.c: {mask: [email]}\n", "tables.p.c.key is required"),
+        ("landing: l\nlake: k\ntables:\n  p.c: {key: []}\n", "non-empty list"),
+        ("landing: l\nlake: k\ntables:\n  customers: {key: [id]}\n", "'<db-or-schema>.<table>'"),
+        ("landing: l\nlake: k\ntables:\n  a.c: {key: [id]}\n  b.c: {key: [id]}\n", "lake name 'c' is already used by tables.a.c"),
+        ("landing: l\nlake: k\ntables:\n  a.dead_letter: {key: [id]}\n", "reserved for a platform table"),
+        ("landing: l\nlake: k\ntables:\n  a.c: {key: [id], name: '../x'}\n", "not a usable lake name"),
+        ("landing: l\nlake: k\ntables:\n  a.c: {key: [id], mask: [id]}\n", "cannot be masked"),
+        ("landing: l\nlake: k\ntables:\n  a.c: {key: ['id; drop']}\n", "not a valid column name"),
+        ("landing: l\nlake: k\ntransaction_timeout: -1\n", "transaction_timeout"),
+        ("landing: l\nlake: k\ntrigger_interval: soon\n", "trigger_interval"),
+        ("lake: k\n", "no landing directory"),
+        ("- a\n- b\n", "mapping at the top level"),
+        ("landing: [\n", "not valid YAML"),
+    ],
+)
+def test_rejections_name_the_offending_entry(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert message in str(err.value)
+
+
+def test_missing_file_says_how_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--config FILE or set CDC_CONFIG"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,206 @@
+"""The streaming ingest end to end: peer data, exactly once, replays, crashes and path safety."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc_platform import lake
+from cdc_platform.config import PlatformConfig
+from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.ingest import BatchContext, IngestJob, ParsedBatch, StageResult
+
+PRODUCTS = {"inventory.products": {"key": ["id"]}}
+
+
+def event(table: str = "customers", db: str = "payments", pos: int = 100, op: str = "c", row_id: int = 1, **extra: Any) -> str:
+    image = {"id": row_id, "email": f"u{row_id}@example.com"}
+    return json.dumps({
+        "before": image if op == "d" else None,
+        "after": None if op == "d" else image,
+        "source": {"connector": "mysql", "name": "payments", "db": db, "table": table, "ts_ms": 1767225600000 + pos,
+                   "file": "mysql-bin.000003", "pos": pos, "row": 0},
+        "op": op, "ts_ms": 1767225600500 + pos, "transaction": None, **extra,
+    })
+
+
+def count(query: Callable[..., list[dict[str, Any]]], cfg: PlatformConfig, table: str) -> int:
+    return query(cfg, f"SELECT count(*) AS n FROM {table}")[0]["n"]
+
+
+def versions(cfg: PlatformConfig) -> dict[str, int]:
+    return {name: lake.open_table(path).version() for name, path in lake.lake_tables(cfg.lake).items()}
+
+
+def test_peer_data_lands_in_the_raw_log(make_config, land, run_pipeline, query, peer_files) -> None:
+    cfg = make_config(PRODUCTS)
+    land("flink/schema-exclude.jsonl", peer_files["schema_exclude"])
+    report = run_pipeline(cfg)
+    assert report.total("rows_read") == 16
+    raw = query(cfg, "SELECT op, key, position, snapshot, source_file FROM raw_change_events ORDER BY position, key")
+    assert len(raw) == 16
+    assert sum(r["op"] == "r" for r in raw) == 9 and all(r["snapshot"] for r in raw if r["op"] == "r")
+    assert raw[-1]["op"] == "d" and raw[-1]["key"] == '{"id":111}'
+    assert raw[0]["source_file"].endswith("flink/schema-exclude.jsonl")
+    metrics = query(cfg, "SELECT batch_id, rows_read, change_events, rows_landed['raw_change_events'] AS landed, lag_seconds FROM pipeline_metrics")
+    assert metrics == [{"batch_id": 0, "rows_read": 16, "change_events": 16, "landed": 16, "lag_seconds": metrics[0]["lag_seconds"]}]
+    assert metrics[0]["lag_seconds"] > 0
+
+
+def test_replica_identity_file_dead_letters_the_keyless_delete(make_config, land, run_pipeline, query, peer_files) -> None:
+    cfg = make_config(PRODUCTS)
+    land(None, peer_files["replica_identity"])
+    run_pipeline(cfg)
+    assert count(query, cfg, "raw_change_events") == 15
+    (dead,) = query(cfg, "SELECT reason_code, reason, stage, table_id, batch_id FROM dead_letter")
+    assert dead["reason_code"] == "delete_without_row" and dead["stage"] == "ingest"
+    assert "REPLICA IDENTITY FULL" in dead["reason"] and dead["table_id"] == "inventory.products"
+
+
+def test_running_twice_adds_nothing_even_without_the_checkpoint(make_config, land, run_pipeline, query, peer_files) -> None:
+    cfg = make_config(PRODUCTS)
+    land(None, peer_files["schema_exclude"])
+    land(None, ['{"status":"BEGIN","id":"601:34078720","ts_ms":1596001099434,"event_count":null,"data_collections":null}'])
+    run_pipeline(cfg)
+    before = versions(cfg)
+    second = run_pipeline(cfg)
+    assert second.batches == [] and versions(cfg) == before, "the checkpoint knows every file: nothing to do"
+
+    shutil.rmtree(cfg.checkpoint_dir)  # lost progress: every file is read again
+    third = run_pipeline(cfg)
+    assert third.total("rows_read") == 17
+    assert count(query, cfg, "raw_change_events") == 16, "event identity dedups redelivered input"
+    assert count(query, cfg, "transaction_markers") == 1
+    assert third.batches[0].duplicates_skipped == 17
+
+
+def test_redelivered_event_with_new_ts_ms_is_a_duplicate(make_config, land, run_pipeline, query) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    original = json.loads(event(pos=7))
+    land(None, [json.dumps(original)])
+    run_pipeline(cfg)
+    original["ts_ms"] += 60_000  # a connector restart re-emits with a new processing time
+    land(None, [json.dumps(original), json.dumps(original)])
+    report = run_pipeline(cfg)
+    assert count(query, cfg, "raw_change_events") == 1
+    assert report.batches[0].duplicates_skipped == 2
+
+
+def parsed_batch(lines: list[str], keys: dict[str, list[str]]) -> pa.Table:
+    return pa.Table.from_batches([rows_to_batch([parse_line(line, "f.jsonl", KeySpec(keys)) for line in lines])])
+
+
+def test_a_replayed_micro_batch_commits_nothing(make_config) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    job = IngestJob(cfg, stages=[])
+    job.setup()
+    batch = parsed_batch([event(pos=1), event(pos=2, row_id=2), "not json", "null"], {"payments.customers": ["id"]})
+    first = job.process_parsed(batch, 0, "query-a")
+    assert first.rows_landed["raw_change_events"] == 2 and first.dead_letters == 1
+    before = versions(cfg)
+    replay = job.process_parsed(batch, 0, "query-a")
+    assert versions(cfg) == before, "every table refused the same (query id, batch id)"
+    assert replay.rows_landed["raw_change_events"] == 0
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("pipeline_metrics")).to_pyarrow_table().num_rows == 1
+
+
+class FailsOnce:
+    """A stage that crashes the first time, like a process killed after the raw log committed."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def setup(self, config: PlatformConfig) -> None:
+        pass
+
+    def apply(self, batch: ParsedBatch, ctx: BatchContext) -> StageResult:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("killed mid-batch")
+        return StageResult(figures={"seen": batch.events.num_rows})
+
+
+def test_a_batch_that_crashed_midway_completes_once_on_replay(make_config) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    stage = FailsOnce()
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    batch = parsed_batch([event(pos=1), "[]"], {"payments.customers": ["id"]})
+    with pytest.raises(RuntimeError):
+        job.process_parsed(batch, 3, "q")
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 0
+    job.process_parsed(batch, 3, "q")
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
+    metrics = lake.open_table(job.path("pipeline_metrics")).to_pyarrow_table().to_pylist()
+    assert len(metrics) == 1 and dict(metrics[0]["stage_figures"]) == {"flaky.seen": 1.0}
+
+
+def tree(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+def test_unsafe_table_names_write_nothing_outside_the_lake(tmp_path, make_config, land, run_pipeline, query) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    outside_before = tree(tmp_path.parent) - tree(tmp_path)
+    land(None, [event(table="../x"), event(db="../../escape", table="t"), event(table="..", db="payments"), event(table="x/../../y")])
+    run_pipeline(cfg)
+    outside_after = tree(tmp_path.parent) - tree(tmp_path)
+    assert outside_after == outside_before
+    assert set(lake.lake_tables(cfg.lake)) <= {"raw_change_events", "transaction_markers", "dead_letter", "pipeline_metrics",
+                                               "customers", "customers_history", "transactions", "incomplete_transactions",
+                                               "late_transaction_events", "open_transactions", "consistency_watermark"}
+    dead = query(cfg, "SELECT reason_code FROM dead_letter")
+    assert [d["reason_code"] for d in dead] == ["unsafe_table_name"] * 4
+    assert count(query, cfg, "raw_change_events") == 0
+
+
+def test_new_files_at_any_depth_and_new_tables_need_no_restart_or_config(make_config, land, run_pipeline, query) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    land("a/part-1.jsonl", [event(pos=1)])
+    run_pipeline(cfg)
+    land("a/b/c/part-2.jsonl", [event(table="audits", pos=2)])
+    land("d/part-3.jsonl", [event(db="billing", table="invoices", pos=3)])
+    run_pipeline(cfg)
+    tables = query(cfg, "SELECT table_id, key FROM raw_change_events ORDER BY table_id")
+    assert tables == [
+        {"table_id": "billing.invoices", "key": None},
+        {"table_id": "payments.audits", "key": None},
+        {"table_id": "payments.customers", "key": '{"id":1}'},
+    ]
+
+
+def test_stream_picks_up_files_as_they_arrive(spark, make_config, land, query) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    land("first.jsonl", [event(pos=1)])
+    job = IngestJob(cfg)
+
+    def later() -> None:
+        time.sleep(3)
+        land("second.jsonl", [event(pos=2, row_id=2)])
+
+    threading.Thread(target=later, daemon=True).start()
+    report = job.run_continuously(spark, interval="500 milliseconds", timeout=9)
+    assert sum(b.rows_read for b in report.batches) == 2
+    assert count(query, cfg, "raw_change_events") == 2
+
+
+def test_missing_landing_directory_is_a_clear_error(spark, make_config) -> None:
+    from cdc_platform.errors import ConfigError
+
+    cfg = make_config()
+    shutil.rmtree(cfg.landing)
+    with pytest.raises(ConfigError, match="landing directory .* does not exist"):
+        IngestJob(cfg).run_available_now(spark)

@@ -1,0 +1,99 @@
+"""The delta-rs lake: path safety, the exactly-once guard, insert-new dedup and Spark reads."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc_platform import lake
+from cdc_platform.errors import LakeError
+
+SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("day", pa.date32(), nullable=False), pa.field("v", pa.int64())])
+
+
+def rows(*items: tuple[str, int]) -> pa.Table:
+    day = dt.date(2026, 1, 1)
+    return pa.table({"id": [i for i, _ in items], "day": [day] * len(items), "v": [v for _, v in items]}, schema=SCHEMA)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "", "Upper", "a.b", "_hidden"])
+def test_table_path_refuses_names_that_could_escape(tmp_path: Path, name: str) -> None:
+    with pytest.raises(LakeError):
+        lake.table_path(tmp_path, name)
+
+
+def test_append_once_commits_each_version_once(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    lake.ensure_table(path, SCHEMA)
+    assert lake.append_once(path, rows(("a", 1)), "q:t", 0)
+    assert not lake.append_once(path, rows(("a", 1)), "q:t", 0), "a replayed batch commits nothing"
+    assert not lake.append_once(path, rows(("a", 1)), "q:t", -1), "delta-rs would accept a lower version; the guard does not"
+    assert lake.append_once(path, rows(("b", 2)), "q:t", 1)
+    assert lake.append_once(path, rows(("c", 3)), "other:t", 0), "another application id has its own versions"
+    assert lake.open_table(path).to_pyarrow_table().num_rows == 3
+    assert lake.open_table(path).transaction_version("q:t") == 1
+
+
+def test_insert_new_once_skips_known_ids(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    lake.ensure_table(path, SCHEMA, ["day"])
+    assert lake.insert_new_once(path, rows(("a", 1), ("b", 2)), "id", "day", "q:t", 0) == 2
+    assert lake.insert_new_once(path, rows(("b", 9), ("c", 3)), "id", "day", "q:t", 1) == 1
+    assert lake.insert_new_once(path, rows(("d", 4)), "id", "day", "q:t", 1) is None, "version 1 is already committed"
+    table = lake.open_table(path).to_pyarrow_table().sort_by("id")
+    assert table.column("id").to_pylist() == ["a", "b", "c"]
+    assert table.column("v").to_pylist() == [1, 2, 3], "the first copy wins"
+
+
+def test_spark_reads_the_snapshot_not_the_directory(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    lake.ensure_table(path, SCHEMA, ["day"])
+    assert lake.read_table(spark, path).count() == 0, "an empty table reads with its schema"
+    lake.append_once(path, rows(("a", 1), ("b", 2)), "q:t", 0)
+    lake.open_table(path).delete("id = 'a'")  # rewrites the file; the old one stays on disk
+    df = lake.read_table(spark, path)
+    assert sorted(r["id"] for r in df.collect()) == ["b"]
+    assert "day" in df.columns, "partition columns survive (basePath)"
+
+
+def test_registry_round_trip(tmp_path: Path, make_config: Any) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"], "mask": ["email"]}})
+    lake.write_registry(cfg)
+    (tables,) = [lake.registered_tables(cfg.lake)]
+    assert tables[0].name == "customers" and tables[0].mask == ("email",)
+    (cfg.lake / lake.REGISTRY_FILE).write_text('{"version": 99}')
+    with pytest.raises(LakeError, match="newer cdc-platform"):
+        lake.read_registry(cfg.lake)
+    (cfg.lake / lake.REGISTRY_FILE).write_text("{")
+    with pytest.raises(LakeError, match="not valid JSON"):
+        lake.read_registry(cfg.lake)
+
+
+def test_with_retries_gives_up_with_an_actionable_error() -> None:
+    from deltalake.exceptions import CommitFailedError
+
+    from cdc_platform.errors import CommitConflictError
+
+    calls = {"n": 0}
+
+    def always_conflicts() -> None:
+        calls["n"] += 1
+        raise CommitFailedError("conflict")
+
+    with pytest.raises(CommitConflictError, match="only one stream writes this lake"):
+        lake.with_retries(always_conflicts, what="test", attempts=3)
+    assert calls["n"] == 3
+
+    outcome = iter([CommitFailedError("conflict"), None])
+
+    def conflicts_once() -> str:
+        err = next(outcome)
+        if err:
+            raise err
+        return "ok"
+
+    assert lake.with_retries(conflicts_once, what="test") == "ok"
