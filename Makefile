@@ -24,7 +24,8 @@ test: setup
 	@$(BIN)/python -m pytest -q
 
 ui: setup
-	@mkdir -p .dagster_home
+	@mkdir -p .dagster_home && cp dagster_project/dagster.yaml .dagster_home/dagster.yaml
+	@test -f .cdc-demo/cdc.yaml || $(BIN)/cdc generate --out .cdc-demo
 	@DAGSTER_HOME=$(CURDIR)/.dagster_home $(BIN)/dagster dev -w workspace.yaml
 
 clean:

@@ -1,0 +1,136 @@
+"""Assets: thin wrappers that read the resource, call `cdc_platform`, and return metadata.
+
+One streaming run (available-now trigger) writes every table of the pipeline at once, so the ingest is
+one multi-asset whose specs are built from `cdc.yaml` by a factory; the views are separate assets that
+register and count each view.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+
+from dagster import AssetKey, AssetSpec, FreshnessPolicy, MaterializeResult, asset, multi_asset
+
+from cdc_platform import checks
+from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.ingest import IngestJob
+from dagster_project.resources import CdcResource
+
+INGEST_TABLES: dict[str, str] = {
+    "raw_change_events": "Every distinct change event exactly once, in source-position order per table (the source of truth).",
+    "transaction_markers": "Every distinct transaction BEGIN/END marker, normalised from Debezium or Stripe shapes.",
+    "dead_letter": "Every input line or event the pipeline could not use, with a reason a person can act on.",
+    "pipeline_metrics": "One row per micro-batch: rows read and landed, duplicates, dead letters, seconds per stage, lag.",
+}
+TRANSACTION_TABLES: dict[str, str] = {
+    "transactions": "Complete source transactions across tables (BEGIN, END and every counted event), emitted once.",
+    "incomplete_transactions": "Transactions that timed out incomplete, with the reason and expected vs seen counts per table.",
+    "late_transaction_events": "Events that arrived after their transaction was emitted or expired, with its fate.",
+    "open_transactions": "The aggregation's state: transactions still waiting for events or markers.",
+    "consistency_watermark": "Per source, the highest position at or below which every transaction is complete.",
+}
+INGEST_GROUP = "ingest"
+TRANSACTIONS_GROUP = "transactions"
+LATEST_STATE_GROUP = "latest_state"
+VIEWS_GROUP = "views"
+FRESHNESS_FAIL = dt.timedelta(minutes=30)
+FRESHNESS_WARN = dt.timedelta(minutes=10)
+
+
+def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
+    specs = []
+    for table in config.tables:
+        specs.append(
+            AssetSpec(
+                table.name,
+                description=f"Latest state of {table.source} (key {', '.join(table.key)}), merged by source position, with tombstones.",
+                group_name=LATEST_STATE_GROUP,
+                deps=["raw_change_events"],
+                kinds={"delta", "spark"},
+                freshness_policy=FreshnessPolicy.time_window(fail_window=FRESHNESS_FAIL, warn_window=FRESHNESS_WARN),
+                metadata={"source_table": table.source, "key": ", ".join(table.key), "masked": ", ".join(table.mask) or "none"},
+            )
+        )
+        if getattr(table, "history", False):
+            specs.append(
+                AssetSpec(
+                    f"{table.name}_history",
+                    description=f"SCD2 history of {table.source}: every version with its validity positions and a current flag.",
+                    group_name=LATEST_STATE_GROUP,
+                    deps=["raw_change_events"],
+                    kinds={"delta", "spark"},
+                )
+            )
+    return specs
+
+
+def ingest_specs(config: PlatformConfig) -> list[AssetSpec]:
+    specs = [
+        AssetSpec(name, description=text, group_name=INGEST_GROUP, kinds={"delta", "spark"},
+                  freshness_policy=FreshnessPolicy.time_window(fail_window=FRESHNESS_FAIL, warn_window=FRESHNESS_WARN) if name == "raw_change_events" else None)
+        for name, text in INGEST_TABLES.items()
+    ]
+    specs += [
+        AssetSpec(name, description=text, group_name=TRANSACTIONS_GROUP, deps=["raw_change_events", "transaction_markers"], kinds={"delta", "spark"})
+        for name, text in TRANSACTION_TABLES.items()
+    ]
+    return specs + latest_state_specs(config)
+
+
+def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
+    specs = ingest_specs(config)
+
+    @multi_asset(name="cdc_ingest", specs=specs, can_subset=False, pool="cdc_ingest", op_tags={"cdc/lake": str(config.lake)},
+                 description="Runs the streaming ingest with an available-now trigger: everything landed since the last run, exactly once.")
+    def cdc_ingest(context, cdc: CdcResource) -> Iterator[MaterializeResult]:  # type: ignore[no-untyped-def]  # Dagster rejects a postponed `context` annotation
+        report = IngestJob(cdc.config, progress=context.log.info).run_available_now(cdc.spark())
+        landed = report.landed()
+        for spec in specs:
+            name = spec.key.path[-1]
+            path = cdc.lake / name
+            meta: dict[str, object] = {"landed_this_run": landed.get(name, 0), "batches": len(report.batches)}
+            if path.is_dir():
+                meta |= checks.table_stats(path).as_metadata()
+            if name == "raw_change_events":
+                meta |= {"lines_read": report.total("rows_read"), "duplicates_skipped": report.total("duplicates_skipped"),
+                         "dead_letters": report.total("dead_letters"), "seconds": round(report.seconds, 2)}
+                newest = checks.column_max(path, "source_ts") if path.is_dir() else None
+                if newest is not None:
+                    meta["lag_seconds"] = round((dt.datetime.now(dt.timezone.utc) - newest).total_seconds(), 1)
+            yield MaterializeResult(asset_key=spec.key, metadata=meta)
+
+    return cdc_ingest
+
+
+def view_names(table: TableConfig) -> Sequence[str]:
+    return (f"{table.name}__full_view", f"{table.name}__clean_view", f"{table.name}__consistent_view")
+
+
+def build_view_assets(config: PlatformConfig) -> list:  # type: ignore[type-arg]
+    assets = []
+    for table in config.tables:
+        for view in view_names(table):
+            assets.append(_view_asset(view, table))
+    return assets
+
+
+def _view_asset(view: str, table: TableConfig):  # type: ignore[no-untyped-def]
+    kind = view.rsplit("__", 1)[1].removesuffix("_view")
+    upstream = [AssetKey(table.name)] + ([AssetKey("consistency_watermark")] if kind == "consistent" else [])
+    text = {
+        "full": f"{table.source} as it is now: latest state without tombstones, source columns first.",
+        "clean": f"{table.source} as it is now with masked columns ({', '.join(table.mask) or 'none'}) never visible.",
+        "consistent": f"{table.source} as of the consistency watermark: no half-landed transaction is visible.",
+    }[kind]
+
+    @asset(name=view, group_name=VIEWS_GROUP, deps=upstream, description=text, kinds={"spark", "sql"})
+    def view_asset(cdc: CdcResource) -> MaterializeResult:
+        from cdc_platform.views import register_lake
+
+        spark = cdc.spark()
+        register_lake(spark, cdc.lake)
+        rows = spark.sql(f"SELECT count(*) AS n FROM `{view}`").collect()[0]["n"]
+        return MaterializeResult(metadata={"rows": rows, "query": f"SELECT * FROM {view}"})
+
+    return view_asset

@@ -1,0 +1,81 @@
+"""`defs`: the Dagster definitions for one lake, built from its `cdc.yaml`.
+
+The config file comes from `CDC_CONFIG`; without it, the demo's (`.cdc-demo/cdc.yaml`, written by
+`make demo`). A missing file still loads (with no source tables) so the UI can say what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import (
+    AssetSelection,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    Definitions,
+    RunRequest,
+    ScheduleDefinition,
+    SensorEvaluationContext,
+    SkipReason,
+    define_asset_job,
+    sensor,
+)
+
+from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
+from dagster_project.assets import build_ingest_asset, build_view_assets
+from dagster_project.checks import build_checks
+from dagster_project.resources import CdcResource
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / ".cdc-demo" / "cdc.yaml"
+PIPELINE_JOB = "cdc_pipeline"
+
+
+def _config(path: Path) -> PlatformConfig:
+    if path.is_file():
+        return load_config(path)
+    # No config yet: an empty platform over the demo's paths, so definitions still load.
+    return parse_config({"landing": "landing", "lake": "lake"}, base=path.parent, where=str(path))
+
+
+def landing_files(config: PlatformConfig) -> list[Path]:
+    if not config.landing.is_dir():
+        return []
+    return sorted(p for p in config.landing.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+
+
+def build_defs(config_path: Path | None = None) -> Definitions:
+    path = config_path or resolve_config_path(None) or DEMO_CONFIG
+    config = _config(Path(path))
+    ingest = build_ingest_asset(config)
+    views = build_view_assets(config)
+    asset_checks = build_checks(config)
+
+    pipeline = define_asset_job(PIPELINE_JOB, selection=AssetSelection.assets(ingest, *views),
+                                description="Ingest everything landed since the last run, then refresh the views; runs every check on them.")
+    check_job = define_asset_job("coverage_and_completeness_checks", selection=AssetSelection.checks(*asset_checks),
+                                 description="Every asset check, without materialising anything.")
+
+    @sensor(job=pipeline, minimum_interval_seconds=30, default_status=DefaultSensorStatus.STOPPED,
+            description="Runs cdc_pipeline when new files appear in the landing directory.")
+    def new_landing_files(context: SensorEvaluationContext):  # type: ignore[no-untyped-def]
+        files = landing_files(config)
+        newest = max((p.stat().st_mtime for p in files), default=0.0)
+        cursor = f"{len(files)}:{newest}"
+        if cursor == context.cursor:
+            return SkipReason(f"no new files in {config.landing}")
+        context.update_cursor(cursor)
+        return RunRequest(run_key=cursor)
+
+    return Definitions(
+        assets=[ingest, *views],
+        asset_checks=asset_checks,
+        jobs=[pipeline, check_job],
+        schedules=[
+            ScheduleDefinition(name="cdc_pipeline_every_5_minutes", job=pipeline, cron_schedule="*/5 * * * *",
+                               default_status=DefaultScheduleStatus.STOPPED),
+            ScheduleDefinition(name="checks_hourly", job=check_job, cron_schedule="0 * * * *", default_status=DefaultScheduleStatus.STOPPED),
+        ],
+        sensors=[new_landing_files],
+        resources={"cdc": CdcResource(config_path=str(path))},
+    )

@@ -1,0 +1,82 @@
+"""Checks as plain functions: stats from the Delta log, freshness, new dead letters, GX suites."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform import checks, quality
+from cdc_platform.errors import ConfigError
+from cdc_platform.ingest import IngestJob
+
+
+@pytest.fixture
+def small_lake(make_config, land, run_pipeline) -> Any:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    base = {"before": None, "after": {"id": 1, "email": "a@x"}, "op": "c", "ts_ms": 1767225601000, "transaction": None,
+            "source": {"connector": "mysql", "db": "payments", "table": "customers", "ts_ms": 1767225600000, "file": "b.000001", "pos": 5}}
+    land(None, [json.dumps(base), "garbage"])
+    run_pipeline(cfg)
+    return cfg
+
+
+def test_table_stats_come_from_the_log(small_lake) -> None:
+    stats = checks.table_stats(small_lake.lake / "raw_change_events")
+    assert stats.rows == 1 and stats.files == 1 and stats.version >= 1 and stats.size_bytes > 0
+
+
+def test_freshness_against_the_slo(small_lake) -> None:
+    newest = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    ok = checks.freshness(small_lake.lake, slo_seconds=120, now=newest + dt.timedelta(seconds=60))
+    assert ok.passed and ok.metadata["lag_seconds"] == 60.0
+    late = checks.freshness(small_lake.lake, slo_seconds=120, now=newest + dt.timedelta(hours=1))
+    assert not late.passed and late.severity is checks.Severity.ERROR and "3,600 s old" in late.description
+
+
+def test_freshness_of_an_empty_lake_is_unknown(make_config) -> None:
+    cfg = make_config()
+    IngestJob(cfg, stages=[]).setup()
+    outcome = checks.freshness(cfg.lake, 60)
+    assert not outcome.passed and "empty" in outcome.description
+
+
+def test_new_dead_letters_warn_once(small_lake, land, run_pipeline) -> None:
+    first = checks.new_dead_letters(small_lake.lake)
+    assert not first.passed and first.severity is checks.Severity.WARN
+    assert first.metadata["new_dead_letters"] == 1 and first.metadata["new_by_reason"] == {"not_json": 1}
+    assert checks.new_dead_letters(small_lake.lake).passed, "the cursor advanced"
+    land(None, ["[1]", "[2]"])
+    run_pipeline(small_lake)
+    third = checks.new_dead_letters(small_lake.lake)
+    assert third.metadata["new_dead_letters"] == 2 and third.metadata["new_by_reason"] == {"not_object": 2}
+
+
+def test_suite_templates_expand_key_columns(tmp_path: Path) -> None:
+    (tmp_path / "latest_state.json").write_text(json.dumps({"name": "latest_state", "expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "$key"}},
+        {"type": "expect_compound_columns_to_be_unique", "kwargs": {"column_list": "$keys"}},
+    ]}))
+    (suite,) = quality.suites_for("orders", ("id", "region"), latest_state=True, directory=tmp_path)
+    assert [e["kwargs"] for e in suite["expectations"]] == [{"column": "id"}, {"column": "region"}, {"column_list": ["id", "region"]}]
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ConfigError, match="cannot be read as JSON"):
+        quality.suites_for("broken", directory=tmp_path)
+
+
+def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake) -> None:
+    from cdc_platform.lake import read_table
+
+    (suite,) = quality.suites_for("raw_change_events")
+    good = quality.validate(read_table(spark, small_lake.lake / "raw_change_events"), suite)
+    assert good.passed, good.description
+    bad = spark.createDataFrame([("e1", "t", "x", "p", dt.datetime(2026, 1, 1), "l"), ("e1", "t", "c", None, dt.datetime(2026, 1, 1), "l")],
+                                "event_id string, table_id string, op string, position string, ingested_at timestamp, line string")
+    outcome = quality.validate(bad, suite)
+    assert not outcome.passed
+    assert outcome.metadata["unexpected.expect_column_values_to_be_unique(event_id)"] == 2
+    assert outcome.metadata["unexpected.expect_column_values_to_be_in_set(op)"] == 1
+    assert "expect_column_values_to_not_be_null(position)" in outcome.description
