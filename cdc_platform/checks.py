@@ -149,3 +149,16 @@ def _recent_reasons(path: Path, newest: int) -> dict[str, int]:
     table = table.sort_by([("dead_lettered_at", "descending")]).slice(0, newest)
     counts = table.group_by("reason_code").aggregate([("reason_code", "count")])
     return {r["reason_code"]: int(r["reason_code_count"]) for r in counts.to_pylist()}
+
+
+def unconfigured_tables(lake_dir: Path, configured_sources: set[str]) -> dict[str, int]:
+    """Source tables seen in the raw log that have no `tables:` entry, with their event counts.
+
+    Reads one column through delta-rs (no Spark), so the onboarding sensor stays cheap.
+    """
+    path = lake.table_path(lake_dir, "raw_change_events")
+    if not lake.exists(path):
+        return {}
+    ids = lake.open_table(path).to_pyarrow_table(columns=["table_id"])
+    counts = ids.group_by("table_id").aggregate([("table_id", "count")]).to_pylist()
+    return {r["table_id"]: int(r["table_id_count"]) for r in counts if r["table_id"] not in configured_sources}

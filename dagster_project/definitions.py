@@ -21,6 +21,7 @@ from dagster import (
     sensor,
 )
 
+from cdc_platform import checks
 from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
 from dagster_project.assets import build_ingest_asset, build_view_assets
 from dagster_project.checks import build_checks
@@ -67,6 +68,16 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         context.update_cursor(cursor)
         return RunRequest(run_key=cursor)
 
+    @sensor(minimum_interval_seconds=300, default_status=DefaultSensorStatus.RUNNING,
+            description="Reports source tables that reach the raw log but have no `tables:` entry in cdc.yaml (no latest state yet).")
+    def unconfigured_source_tables(context: SensorEvaluationContext):  # type: ignore[no-untyped-def]
+        found = checks.unconfigured_tables(config.lake, {t.source for t in config.tables})
+        if not found:
+            return SkipReason("every source table in the raw log is configured")
+        listing = ", ".join(f"{name} ({n:,} events)" for name, n in sorted(found.items()))
+        context.log.warning(f"source tables without a latest state: {listing}")
+        return SkipReason(f"not configured yet: {listing}. Add them under `tables:` in {path} with their `key:` to get a latest state.")
+
     return Definitions(
         assets=[ingest, *views],
         asset_checks=asset_checks,
@@ -76,6 +87,6 @@ def build_defs(config_path: Path | None = None) -> Definitions:
                                default_status=DefaultScheduleStatus.STOPPED),
             ScheduleDefinition(name="checks_hourly", job=check_job, cron_schedule="0 * * * *", default_status=DefaultScheduleStatus.STOPPED),
         ],
-        sensors=[new_landing_files],
+        sensors=[new_landing_files, unconfigured_source_tables],
         resources={"cdc": CdcResource(config_path=str(path))},
     )

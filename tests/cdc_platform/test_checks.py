@@ -80,3 +80,12 @@ def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake)
     assert outcome.metadata["unexpected.expect_column_values_to_be_unique(event_id)"] == 2
     assert outcome.metadata["unexpected.expect_column_values_to_be_in_set(op)"] == 1
     assert "expect_column_values_to_not_be_null(position)" in outcome.description
+
+
+def test_unconfigured_tables_are_reported(small_lake, land, run_pipeline) -> None:
+    assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {}
+    event = {"before": None, "after": {"id": 9}, "op": "c", "ts_ms": 1, "transaction": None,
+             "source": {"connector": "mysql", "db": "payments", "table": "audits", "ts_ms": 1, "file": "b.000001", "pos": 9}}
+    land(None, [json.dumps(event)])
+    run_pipeline(small_lake)
+    assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {"payments.audits": 1}
