@@ -124,10 +124,16 @@ def _quiet_spark() -> Any:
     return get_spark()
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from cdc_platform.generate import generate_workload
+def _generate(out: Path, transactions: int, seed: int) -> Any:
+    """The sample as if captured just now, so freshness checks judge it like a live database."""
+    from cdc_platform.generate import generate_workload, recent_start_ms
 
-    w = generate_workload(args.out, transactions=args.transactions, seed=args.seed)
+    start = recent_start_ms(transactions, int(time.time() * 1000))
+    return generate_workload(out, transactions=transactions, seed=seed, start_ms=start)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    w = _generate(Path(args.out), args.transactions, args.seed)
     _say(
         f"wrote {w.files} files to {w.landing_dir}: {w.transactions:,} transactions, {w.change_events:,} change events, "
         f"{w.markers:,} markers, {w.duplicate_events} duplicates, {w.malformed_lines} malformed, {w.tombstones} tombstones"
@@ -137,7 +143,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cdc_platform.generate import generate_workload
     from cdc_platform.ingest import IngestJob, RAW
     from cdc_platform.views import register_lake
 
@@ -146,7 +151,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if out.exists():
         shutil.rmtree(out)
     _say(f"generating a sample payments workload ({args.transactions} transactions) into {out}/ ...")
-    w = generate_workload(out, transactions=args.transactions, seed=args.seed)
+    w = _generate(out, args.transactions, args.seed)
     config = load_config(w.config_path)
     spark = _spark()
     _say("running the pipeline over the landing files ...")

@@ -366,10 +366,10 @@ class _Simulator:
     event's `before` image and every emitted image stays valid after later changes.
     """
 
-    def __init__(self, rng: random.Random, track_state: bool) -> None:
+    def __init__(self, rng: random.Random, track_state: bool, start_ms: int = START_MS) -> None:
         self.rng = rng
         self.track = track_state
-        self.now = START_MS
+        self.now = start_ms
         self.customers: dict[int, Row] = {}
         self.charges: dict[int, Row] = {}
         self.refunds: dict[int, Row] = {}
@@ -607,19 +607,31 @@ def _plan_late_pairs(transactions: int, rng: random.Random) -> dict[int, tuple[s
     return plan
 
 
+MEAN_COMMIT_GAP_MS = 325  # commits are 50-600 ms apart
+
+
+def recent_start_ms(transactions: int, now_ms: int) -> int:
+    """A start time that makes the workload's last commit land about `now_ms`, as from a live database."""
+    return now_ms - transactions * MEAN_COMMIT_GAP_MS
+
+
 def generate_workload(
     out_dir: str | Path,
     transactions: int = 200,
     seed: int = 7,
     events_per_file: int = 500,
     track_state: bool = True,
+    start_ms: int | None = None,
 ) -> GeneratedWorkload:
     """Write a deterministic Debezium MySQL workload to `out_dir/landing` and its `out_dir/cdc.yaml`.
 
     Refuses a landing directory that already holds files, so two workloads are never mixed.
     `track_state=False` skips building `expected_state` (and keeps less in memory); the files written
-    are identical either way.
+    are identical either way. `start_ms` is the source clock at the first transaction (default a fixed
+    2026-01-01, so a seed always writes the same bytes); the CLI passes a recent time instead so that
+    freshness checks on the sample judge it like a live database.
     """
+    start = START_MS if start_ms is None else start_ms
     if isinstance(transactions, bool) or not isinstance(transactions, int) or transactions < 1:
         raise ConfigError(f"transactions must be an integer >= 1, got {transactions!r}")
     if isinstance(events_per_file, bool) or not isinstance(events_per_file, int) or events_per_file < 1:
@@ -639,7 +651,7 @@ def generate_workload(
 
     rng = random.Random(seed)
     plan_rng = random.Random(seed * 1_000_003 + 1)
-    sim = _Simulator(rng, track_state)
+    sim = _Simulator(rng, track_state, start)
     writers = {
         table: _TopicWriter(
             landing / topic_for(table),
@@ -659,14 +671,14 @@ def generate_workload(
     year_ms = 365 * 86_400_000
     step = year_ms // snapshot_count  # created during 2025, in id order
     for i in range(snapshot_count):
-        row = sim.snapshot_customer(START_MS - year_ms + i * step + rng.randrange(step))
+        row = sim.snapshot_customer(start - year_ms + i * step + rng.randrange(step))
         source = {
-            "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": START_MS,
+            "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": start,
             "snapshot": "last" if i == snapshot_count - 1 else "true", "db": DATABASE, "sequence": None,
             "table": "customers", "server_id": SERVER_ID, "gtid": None, "file": binlog_file,
             "pos": SNAPSHOT_POS, "row": 0, "thread": None, "query": None,
         }
-        env = {"before": None, "after": row, "source": source, "op": "r", "ts_ms": START_MS + 40 + i, "transaction": None}
+        env = {"before": None, "after": row, "source": source, "op": "r", "ts_ms": start + 40 + i, "transaction": None}
         writers["customers"].add_change(env, row["id"])
         change_events += 1
 
@@ -675,7 +687,7 @@ def generate_workload(
     late_keys: dict[int, int] = {}
     pos = SNAPSHOT_POS
     tx_in_file = 0
-    commit = START_MS
+    commit = start
     kind_names = _KIND_NAMES
     kind_cum = _KIND_CUM
     for t in range(transactions):
@@ -760,20 +772,3 @@ def generate_workload(
         files=sum(w.files for w in (*writers.values(), tx_writer)),
         expected_state=sim.expected_state() if track_state else {},
     )
-
-
-if __name__ == "__main__":  # pragma: no cover - manual use and timing
-    import argparse
-    import time
-
-    parser = argparse.ArgumentParser(description="Write a sample Debezium MySQL payments workload.")
-    parser.add_argument("out_dir")
-    parser.add_argument("--transactions", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--events-per-file", type=int, default=500)
-    args = parser.parse_args()
-    started = time.perf_counter()
-    result = generate_workload(args.out_dir, args.transactions, args.seed, args.events_per_file, track_state=False)
-    elapsed = time.perf_counter() - started
-    lines = result.change_events + result.duplicate_events + result.markers + result.malformed_lines + result.tombstones
-    print(f"{lines} lines ({result.change_events} change events) in {result.files} files, {elapsed:.1f}s")

@@ -467,3 +467,15 @@ def test_binlog_rotation_keeps_positions_ordered(tmp_path: Path) -> None:
     assert streaming[first_after_rotation]["source"]["pos"] < streaming[first_after_rotation - 1]["source"]["pos"]
     gtids = [int(GTID_RE.match(env["transaction"]["id"]).group(1)) for env in streaming]
     assert gtids == sorted(gtids)
+
+
+def test_start_time_moves_the_source_clock_only(tmp_path: Path) -> None:
+    from cdc_platform.generate import START_MS, recent_start_ms
+
+    fixed = generate_workload(tmp_path / "a", transactions=30, seed=5)
+    moved = generate_workload(tmp_path / "b", transactions=30, seed=5, start_ms=START_MS + 86_400_000)
+    first = json.loads((fixed.landing_dir / "payments.transaction" / "part-00000.jsonl").read_text().splitlines()[0])
+    shifted = json.loads((moved.landing_dir / "payments.transaction" / "part-00000.jsonl").read_text().splitlines()[0])
+    assert shifted["ts_ms"] - first["ts_ms"] == 86_400_000
+    assert (fixed.change_events, fixed.markers) == (moved.change_events, moved.markers)
+    assert recent_start_ms(1000, 2_000_000) == 2_000_000 - 325_000
