@@ -214,3 +214,40 @@ def test_unconfigured_tables_land_without_a_key() -> None:
 def test_truncate_needs_no_row_image() -> None:
     row = parse_line(json.dumps(change(op="t", after=None)), "f", KEYS)
     assert row["kind"] == "change" and row["op"] == "t" and row["key"] is None
+
+
+# --- the optional orjson fast path must give the stdlib's output byte for byte ------------------------
+
+def _random_value(rng: Any, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth < 3 and roll < 0.15:
+        suffixes = ["", "é", "😀", "\uffff", " "]
+        return {"k" + str(rng.randrange(50)) + rng.choice(suffixes): _random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+    if depth < 3 and roll < 0.25:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if roll < 0.45:
+        exp = rng.randint(-12, 25)
+        return rng.choice([1, -1]) * rng.random() * 10.0**exp
+    if roll < 0.6:
+        return rng.choice([0, -1, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1, 10**30, rng.randrange(-10**12, 10**12)])
+    if roll < 0.8:
+        return "".join(rng.choice(["a", "\x00", "\x1f", "\x7f", '"', "\\", "\u2028", "é", "😀", "1e-5", ":1e5", "/"]) for _ in range(rng.randrange(6)))
+    return rng.choice([None, True, False, 0.0, -0.0, 1e16, 1.5e-5, 1e-7, 0.0001, 123456789012345678.0])
+
+
+def test_orjson_fast_path_matches_the_stdlib_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    import cdc_platform.envelope as envelope
+
+    if envelope._orjson is None:
+        pytest.skip("orjson is not installed: only the stdlib path exists")
+    rng = random.Random(20260101)
+    lines = [json.dumps(change(after={"id": i, "v": _random_value(rng)}, before={"id": i, "w": _random_value(rng)})) for i in range(3000)]
+    lines += [json.dumps(change(after={"id": i, "v": _random_value(rng)}), ensure_ascii=True, indent=1).replace("\n", " ") for i in range(500)]
+    lines += ['{"status":"END","id":"7:1","ts_ms":1,"event_count":18446744073709551615}', '{"after": {"id": 1e400}}', "[1, 2", "NaN"]
+    fast = [parse_line(line, "f", KEYS) for line in lines]
+    monkeypatch.setattr(envelope, "_orjson", None)
+    slow = [parse_line(line, "f", KEYS) for line in lines]
+    for line, a, b in zip(lines, fast, slow):
+        assert a == b, line
