@@ -41,6 +41,7 @@ RAW = "raw_change_events"
 MARKERS = "transaction_markers"
 DEAD_LETTER = "dead_letter"
 METRICS = "pipeline_metrics"
+IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle` whether time is up
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,13 @@ class StageResult:
 
 
 class Stage(Protocol):
-    """A pipeline stage fed from each parsed batch after the raw log has committed."""
+    """A pipeline stage fed from each parsed batch after the raw log has committed.
+
+    A stage may also define `on_idle(ctx, idle_seconds) -> StageResult | None`: `run_continuously`
+    calls it while no data arrives (Spark runs no batch then), so time-based work such as transaction
+    timeouts still happens on a quiet stream. `ctx.batch_id` is the last batch id, which the stage
+    must not use as a commit version. Never called by `run_available_now`.
+    """
 
     name: str
 
@@ -210,7 +217,8 @@ def _dedup_first(table: pa.Table, column: str) -> tuple[pa.Table, int]:
     first = indexed.group_by(column, use_threads=False).aggregate([("__i", "min")]).column("__i_min")
     if len(first) == table.num_rows:
         return table, 0
-    return table.take(pc.sort_indices(first)), table.num_rows - len(first)
+    first = first.combine_chunks() if isinstance(first, pa.ChunkedArray) else first
+    return table.take(first.take(pc.sort_indices(first))), table.num_rows - len(first)  # first row per id, in input order
 
 
 class IngestJob:
@@ -229,6 +237,9 @@ class IngestJob:
         self._failure: BaseException | None = None
         self._query_id: str | None = None
         self._lock = threading.Lock()
+        self._batch_lock = threading.Lock()  # a batch and an idle call never interleave
+        self._last_activity = time.monotonic()
+        self._last_batch_id = -1
 
     # -- set-up -------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -335,7 +346,10 @@ class IngestJob:
     def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
         try:
             parsed = df.toArrow()
-            report = self.process_parsed(parsed, batch_id, self.query_id())
+            with self._batch_lock:
+                report = self.process_parsed(parsed, batch_id, self.query_id())
+                self._last_activity = time.monotonic()
+                self._last_batch_id = batch_id
         except BaseException as exc:  # keep the original error; Spark would wrap it beyond recognition
             self._failure = exc
             raise
@@ -386,14 +400,53 @@ class IngestJob:
         """Run until interrupted (Ctrl-C) or `timeout` seconds have passed."""
         t0 = time.perf_counter()
         query = self.start(spark, available_now=False, interval=interval)
+        stop_watch = threading.Event()
+        watcher = self._watch_idle(query, stop_watch)
         try:
             self._await(query, timeout)
         except KeyboardInterrupt:
             self.progress("stopping after the current batch ...")
         finally:
+            stop_watch.set()
+            if watcher is not None:
+                watcher.join()
             if query.isActive:
                 query.stop()
         return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
+
+    def _watch_idle(self, query: StreamingQuery, stop: threading.Event) -> threading.Thread | None:
+        """Call the stages' `on_idle` while the stream is quiet; a failure stops the stream like a batch failure."""
+        idle_stages = [s for s in self.stages if callable(getattr(s, "on_idle", None))]
+        if not idle_stages:
+            return None
+        self._last_activity = time.monotonic()
+
+        def watch() -> None:
+            while not stop.wait(IDLE_POLL_SECONDS):
+                try:
+                    if not query.isActive:
+                        return
+                    status = query.status
+                    if status.get("isTriggerActive") or status.get("isDataAvailable"):
+                        continue
+                    with self._batch_lock:
+                        idle = time.monotonic() - self._last_activity
+                        ctx = BatchContext(self.config, self.query_id(), self._last_batch_id)
+                        for stage in idle_stages:
+                            result = stage.on_idle(ctx, idle)  # type: ignore[attr-defined]
+                            if result is not None and result.rows_landed:
+                                landed = ", ".join(f"{v:,} {k}" for k, v in sorted(result.rows_landed.items()))
+                                self.progress(f"idle for {idle:.0f} s: {stage.name} landed {landed}")
+                except BaseException as exc:  # surfaced by _await, like a failed batch
+                    if stop.is_set():
+                        return
+                    self._failure = exc
+                    query.stop()
+                    return
+
+        thread = threading.Thread(target=watch, name="cdc-idle-watch", daemon=True)
+        thread.start()
+        return thread
 
     def _await(self, query: StreamingQuery, timeout: float | None) -> None:
         from pyspark.errors import StreamingQueryException
