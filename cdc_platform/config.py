@@ -46,8 +46,14 @@ _TOP_KEYS = {
     "trigger_interval",
     "max_files_per_trigger",
     "transaction_timeout",
+    "transaction_retention",
 }
-_TABLE_KEYS = {"key", "mask", "name"}
+_TABLE_KEYS = {"key", "mask", "name", "mask_mode", "mask_salt_env", "history", "tombstone_retention"}
+MASK_MODES = ("hash", "remove")
+DEFAULT_MASK_SALT_ENV = "CDC_MASK_SALT"
+DEFAULT_TOMBSTONE_RETENTION = 7 * 86_400.0  # seconds: how long a delete keeps stale changes out
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|seconds?|m|minutes?|h|hours?|d|days?)$")
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": 86_400.0}
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,28 @@ class TableConfig:
     name: str  # lake name: directory and SQL name
     key: tuple[str, ...]
     mask: tuple[str, ...] = ()
+    # How `<name>__clean_view` masks: "hash" (salted SHA-256, joins still work) or "remove" (column dropped).
+    mask_mode: str = "hash"
+    # The environment variable holding the hash salt; the lake records its name, never the salt.
+    mask_salt_env: str = DEFAULT_MASK_SALT_ENV
+    history: bool = False  # keep `<name>_history` (SCD2)
+    tombstone_retention: float = DEFAULT_TOMBSTONE_RETENTION  # seconds
+
+    @property
+    def history_name(self) -> str:
+        return f"{self.name}_history"
 
     def to_registry(self) -> dict[str, Any]:
-        return {"source": self.source, "name": self.name, "key": list(self.key), "mask": list(self.mask)}
+        return {
+            "source": self.source,
+            "name": self.name,
+            "key": list(self.key),
+            "mask": list(self.mask),
+            "mask_mode": self.mask_mode,
+            "mask_salt_env": self.mask_salt_env,
+            "history": self.history,
+            "tombstone_retention": self.tombstone_retention,
+        }
 
     @classmethod
     def from_registry(cls, entry: Mapping[str, Any]) -> TableConfig:
@@ -69,7 +94,33 @@ class TableConfig:
             name=str(entry["name"]),
             key=tuple(entry["key"]),
             mask=tuple(entry.get("mask", ())),
+            mask_mode=str(entry.get("mask_mode", "hash")),
+            mask_salt_env=str(entry.get("mask_salt_env", DEFAULT_MASK_SALT_ENV)),
+            history=bool(entry.get("history", False)),
+            tombstone_retention=float(entry.get("tombstone_retention", DEFAULT_TOMBSTONE_RETENTION)),
         )
+
+
+def mask_salt(table: TableConfig, environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The salt for hashed masking, from the variable the table names; None when it is unset or empty.
+
+    Read here, like every other environment lookup, so that `cdc sql --lake` (which has no config
+    file) and the stream agree on where the salt comes from.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(table.mask_salt_env)
+    return value.encode("utf-8") if value else None
+
+
+def parse_duration(value: Any, entry: str) -> float:
+    """Seconds from a number or a string like '7 days', '12 hours', '90 minutes', '30 s'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value.strip())
+        if m:
+            return float(m.group(1)) * _DURATION_UNITS[m.group(2)[0]]
+    raise ConfigError(f"{entry} must be a duration such as '7 days', '12 hours' or a number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +134,8 @@ class PlatformConfig:
     trigger_interval: str = "5 seconds"
     max_files_per_trigger: int = 200
     transaction_timeout: float = 60.0
+    #: How long (event time) a finished transaction is remembered so late arrivals get its fate; None: 5 x timeout.
+    transaction_retention: float | None = None
     source_file: Path | None = field(default=None, compare=False)
 
     @property
@@ -192,6 +245,11 @@ def parse_config(
     timeout = raw.get("transaction_timeout", 60)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ConfigError(f"{where}: `transaction_timeout` must be a positive number of seconds, got {timeout!r}")
+    retention = raw.get("transaction_retention")
+    if retention is not None and (not isinstance(retention, (int, float)) or isinstance(retention, bool) or retention < timeout):
+        raise ConfigError(
+            f"{where}: `transaction_retention` must be a number of seconds at least `transaction_timeout` ({timeout}), got {retention!r}"
+        )
 
     return PlatformConfig(
         landing=landing_path,
@@ -201,6 +259,7 @@ def parse_config(
         trigger_interval=interval.strip(),
         max_files_per_trigger=max_files,
         transaction_timeout=float(timeout),
+        transaction_retention=None if retention is None else float(retention),
         source_file=source_file,
     )
 
@@ -225,6 +284,16 @@ def _parse_tables(raw_tables: Any, where: str) -> tuple[TableConfig, ...]:
         overlap = sorted(set(key) & set(mask))
         if overlap:
             raise ConfigError(f"{entry}: key column(s) {', '.join(overlap)} cannot be masked; joins need the key")
+        mask_mode = settings.get("mask_mode", "hash")
+        if mask_mode not in MASK_MODES:
+            raise ConfigError(f"{entry}.mask_mode must be one of {', '.join(MASK_MODES)}, got {mask_mode!r}")
+        salt_env = settings.get("mask_salt_env", DEFAULT_MASK_SALT_ENV)
+        if not isinstance(salt_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", salt_env):
+            raise ConfigError(f"{entry}.mask_salt_env must name an environment variable (letters, digits, _), got {salt_env!r}")
+        history = settings.get("history", False)
+        if not isinstance(history, bool):
+            raise ConfigError(f"{entry}.history must be true or false, got {history!r}")
+        retention = parse_duration(settings.get("tombstone_retention", DEFAULT_TOMBSTONE_RETENTION), f"{entry}.tombstone_retention")
         name = settings.get("name", parts[1].lower())
         if not isinstance(name, str) or not LAKE_NAME_RE.match(name) or "__" in name:
             raise ConfigError(
@@ -236,7 +305,18 @@ def _parse_tables(raw_tables: Any, where: str) -> tuple[TableConfig, ...]:
         if name in names:
             raise ConfigError(f"{entry}: lake name {name!r} is already used by tables.{names[name]}; set `name:` on one of them")
         names[name] = str(source)
-        tables.append(TableConfig(source=str(source), name=name, key=key, mask=mask))
+        tables.append(
+            TableConfig(
+                source=str(source), name=name, key=key, mask=mask, mask_mode=mask_mode, mask_salt_env=salt_env,
+                history=history, tombstone_retention=retention,
+            )
+        )
+    for t in tables:
+        if t.history and (t.history_name in names or t.history_name in SYSTEM_TABLES):
+            raise ConfigError(
+                f"{where}: tables.{t.source} keeps history in {t.history_name!r}, which another table or the platform "
+                "already uses; set `name:` on one of them"
+            )
     return tuple(tables)
 
 
