@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,10 +60,18 @@ REASONS: dict[str, str] = {
     "invalid_field": "field {detail}; Debezium emits these as the documented types",
     "invalid_marker": "transaction marker {detail}",
     "unrecognised_shape": "JSON object is neither a change event nor a transaction marker (keys: {detail})",
-    "line_too_long": "line is {detail} bytes, over the configured maximum; raise `max_line_bytes` or fix the producer",
+    "line_too_long": "line is {detail} bytes, over the parser's 64 MiB maximum; split the record or fix the producer",
+    "not_utf8": "line is not valid UTF-8 ({detail}); the producer must write UTF-8 (the line is kept with the bad bytes as \\x escapes)",
+    "lone_surrogate": "line holds a lone UTF-16 surrogate escape ({detail}), which no UTF-8 text can carry; fix the producer's JSON encoder",
+    "out_of_range": "{detail}; the platform stores integers as signed 64-bit, floats as 64-bit and times between years 1 and 9999",
+    "too_deep": "JSON nests deeper than the parser follows ({detail}); flatten the record or fix the producer",
 }
 
 MAX_LINE_CHARS = 64 * 1024 * 1024
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MIN_TS_MS, MAX_TS_MS = -62_135_596_800_000, 253_402_300_799_999  # 0001-01-01 .. 9999-12-31T23:59:59.999
+_SURROGATE_ESCAPE_RE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_BOM = "\ufeff"
 
 
 class _Dead(Exception):
@@ -99,6 +108,22 @@ _ORJSON_UNSAFE_OUTPUT = re.compile(rb"[:,\[]-?(?:\d+(?:\.\d+)?[eE]|0\.0000)")
 _ORJSON_SORTED = 0 if _orjson is None else _orjson.OPT_SORT_KEYS
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard constant {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise _Dead("out_of_range", f"the number {text[:40]} does not fit a 64-bit float")
+    return value
+
+
+#: The stdlib decoder, minus Python's extensions: NaN and Infinity are not JSON, and no other consumer
+#: of the same topic (Jackson, Spark) would read them; 1e400 would silently become Infinity.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def _loads(line: str) -> Any:
     """`json.loads`, through orjson when that yields the same objects; errors always come from the stdlib."""
     if _orjson is not None and not _ORJSON_UNSAFE_INPUT.search(line):
@@ -106,7 +131,20 @@ def _loads(line: str) -> Any:
             return _orjson.loads(line)
         except _orjson.JSONDecodeError:
             pass  # NaN, lone surrogates, depth, or simply bad JSON: the stdlib decides and words the error
-    return json.loads(line)
+    obj = _DECODER.decode(line)
+    if _SURROGATE_ESCAPE_RE.search(line):  # rare: only then can a string hold what UTF-8 cannot
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Dead("lone_surrogate", f"U+{ord(exc.object[exc.start]):04X}") from None
+    return obj
+
+
+def _stdlib_dumps(obj: Any, sort_keys: bool) -> str:
+    try:
+        return json.dumps(obj, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:  # only a float that overflowed while parsing (1e400) gets here: NaN is refused earlier
+        raise _Dead("out_of_range", "a number does not fit a 64-bit float (e.g. 1e400)") from None
 
 
 def _fast_dumps(obj: Any, option: int) -> str | None:
@@ -125,7 +163,7 @@ def _canonical(obj: Any) -> str:
     fast = _fast_dumps(obj, _ORJSON_SORTED)
     if fast is not None:
         return fast
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _stdlib_dumps(obj, True)
 
 
 def _text(obj: Any) -> str | None:
@@ -134,7 +172,7 @@ def _text(obj: Any) -> str | None:
     fast = _fast_dumps(obj, 0)
     if fast is not None:
         return fast
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return _stdlib_dumps(obj, False)
 
 
 def _as_int(value: Any, field: str) -> int | None:
@@ -144,12 +182,24 @@ def _as_int(value: Any, field: str) -> int | None:
     if isinstance(value, bool):
         raise _Dead("invalid_field", f"`{field}` is a boolean, expected a number")
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    raise _Dead("invalid_field", f"`{field}` is {json.dumps(value)[:60]}, expected an integer")
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 40:
+        number = int(value.strip())
+    else:
+        raise _Dead("invalid_field", f"`{field}` is {json.dumps(value)[:60]}, expected an integer")
+    if not INT64_MIN <= number <= INT64_MAX:  # would fail the whole Arrow batch, not just this line
+        raise _Dead("out_of_range", f"`{field}` is {str(number)[:40]}, outside the signed 64-bit range")
+    return number
+
+
+def _as_ts_ms(value: Any, field: str) -> int | None:
+    """Epoch milliseconds that a date and a microsecond timestamp can hold (Python, Arrow, Delta)."""
+    ms = _as_int(value, field)
+    if ms is not None and not MIN_TS_MS <= ms <= MAX_TS_MS:
+        raise _Dead("out_of_range", f"`{field}` is {ms}, not epoch milliseconds between the years 1 and 9999")
+    return ms
 
 
 def normalise_transaction_id(raw_id: Any) -> str | None:
@@ -204,19 +254,40 @@ def _blank_row(kind: str, line: str, source_file: str | None) -> dict[str, Any]:
 
 
 def parse_line(line: str | None, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
-    """Normalise one input line into a row of the `PARSED` schema (missing columns are null)."""
+    """Normalise one input line into a row of the `PARSED` schema (missing columns are null).
+
+    A leading byte-order mark (a file written by a Windows tool) is encoding metadata, not data: it is
+    skipped for parsing and kept in `line`.
+    """
     if line is None or not line.strip() or line.strip() == "null":
         return _blank_row("tombstone", line or "", source_file)
     if len(line) > MAX_LINE_CHARS:
         return _dead_row(line, source_file, _Dead("line_too_long", str(len(line.encode("utf-8", "replace")))))
+    text = line[1:] if line.startswith(_BOM) else line
     try:
-        obj = _loads(line)
-    except (ValueError, RecursionError) as exc:
+        obj = _loads(text)
+    except _Dead as dead:
+        return _dead_row(line, source_file, dead)
+    except RecursionError:
+        return _dead_row(line, source_file, _Dead("too_deep", "while reading"))
+    except ValueError as exc:
         return _dead_row(line, source_file, _Dead("not_json", str(exc)[:120]))
     try:
         return _parse_object(obj, line, source_file, keys)
     except _Dead as dead:
         return _dead_row(line, source_file, dead)
+    except RecursionError:  # the stdlib writer recurses a little deeper than its reader did
+        return _dead_row(line, source_file, _Dead("too_deep", "while writing the row image"))
+
+
+def parse_bytes(raw: bytes, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+    """`parse_line` for a line Spark handed over as bytes that may not be UTF-8 (it does not check)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        detail = f"byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+        return _dead_row(raw.decode("utf-8", "backslashreplace"), source_file, _Dead("not_utf8", detail))
+    return parse_line(line, source_file, keys)
 
 
 def _dead_row(line: str, source_file: str | None, dead: _Dead) -> dict[str, Any]:
@@ -313,8 +384,8 @@ def _parse_change(
             raise _Dead("missing_key", ", ".join(missing), table_id)
         key_text = _canonical({c: image[c] for c in key_cols})
 
-    source_ms = _as_int(src.get("ts_ms"), "source.ts_ms")
-    envelope_ms = _as_int(env.get("ts_ms"), "ts_ms")
+    source_ms = _as_ts_ms(src.get("ts_ms"), "source.ts_ms")
+    envelope_ms = _as_ts_ms(env.get("ts_ms"), "ts_ms")
     tx = env.get("transaction")
     tx_raw_id: str | None = None
     tx_total: int | None = None
@@ -405,7 +476,7 @@ def _parse_debezium_marker(env: dict[str, Any], line: str, source_file: str | No
             collections.append((item["data_collection"], n if n is not None else 0))
     if status == "END" and count is None:
         raise _Dead("invalid_marker", "END has no event_count; completeness cannot be judged")
-    return _marker_row(env.get("id"), status, count, collections, "debezium", _as_int(env.get("ts_ms"), "ts_ms"), line, source_file)
+    return _marker_row(env.get("id"), status, count, collections, "debezium", _as_ts_ms(env.get("ts_ms"), "ts_ms"), line, source_file)
 
 
 def _parse_stripe_marker(env: dict[str, Any], line: str, source_file: str | None) -> dict[str, Any]:
@@ -431,8 +502,12 @@ def _parse_stripe_marker(env: dict[str, Any], line: str, source_file: str | None
     if status == "END" and count is None:
         raise _Dead("invalid_marker", "COMMIT has no total_events; completeness cannot be judged")
     raw_id = env.get("transaction_id", env.get("id", env.get("txn_id")))
-    ts = _as_int(env.get("ts_ms", env.get("timestamp_ms")), "ts_ms")
+    ts = _as_ts_ms(env.get("ts_ms", env.get("timestamp_ms")), "ts_ms")
     return _marker_row(raw_id, status, count, collections, "stripe", ts, line, source_file)
+
+
+def _tombstone_or_bytes(raw: bytes | None, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+    return parse_line(None, source_file, keys) if raw is None else parse_bytes(raw, source_file, keys)
 
 
 def parse_lines(lines: Iterable[str | None], files: Iterable[str | None], keys: KeySpec) -> list[dict[str, Any]]:
@@ -450,12 +525,16 @@ def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Ite
     its thousands of live dicts made the collector's repeated full scans a large share of the time.
     """
     for batch in batches:
-        lines = batch.column("value").to_pylist()
         files = batch.column("source_file").to_pylist()
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            out = rows_to_batch(parse_lines(lines, files, keys))
+            try:
+                rows = parse_lines(batch.column("value").to_pylist(), files, keys)
+            except UnicodeDecodeError:  # Spark's text source passes bytes through unchecked
+                raw = batch.column("value").cast(pa.binary()).to_pylist()
+                rows = [_tombstone_or_bytes(b, f, keys) for b, f in zip(raw, files)]
+            out = rows_to_batch(rows)
         finally:
             if was_enabled:
                 gc.enable()

@@ -161,11 +161,14 @@ DEAD_CASES: dict[str, str] = {
     "invalid_field": json.dumps(change(after=[1, 2])),
     "invalid_marker": '{"status": "ABORT", "id": "1:2"}',
     "unrecognised_shape": '{"hello": "world"}',
+    "lone_surrogate": json.dumps(change(after={"id": 1, "name": "\ud800"})),
+    "out_of_range": json.dumps(change(ts_ms=10**20)),
+    "too_deep": '{"after": ' + "[" * 100_000 + "]" * 100_000 + "}",
 }
 
 
 def test_every_reason_has_a_case() -> None:
-    assert set(DEAD_CASES) | {"line_too_long"} == set(REASONS)
+    assert set(DEAD_CASES) | {"line_too_long", "not_utf8"} == set(REASONS)
 
 
 @pytest.mark.parametrize(("code", "line"), sorted(DEAD_CASES.items()))
@@ -251,3 +254,74 @@ def test_orjson_fast_path_matches_the_stdlib_byte_for_byte(monkeypatch: pytest.M
     slow = [parse_line(line, "f", KEYS) for line in lines]
     for line, a, b in zip(lines, fast, slow):
         assert a == b, line
+
+
+def test_not_utf8_keeps_the_bad_bytes_visible_and_the_rest_of_the_batch() -> None:
+    import pyarrow as pa
+
+    from cdc_platform.envelope import parse_arrow_batches, parse_bytes
+
+    row = parse_bytes(b'{"a": "caf\xe9"}', "f", KEYS)
+    assert row["reason_code"] == "not_utf8" and "byte 0xe9 at offset 10" in row["reason"]
+    assert row["line"] == '{"a": "caf\\xe9"}'
+    good = json.dumps(change()).encode()
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([b"\xff\xfe garbage", good, None], pa.binary()).cast(pa.string(), safe=False), pa.array(["f"] * 3)],
+        names=["value", "source_file"],
+    )
+    (out,) = list(parse_arrow_batches(iter([batch]), KEYS))
+    assert out.column("kind").to_pylist() == ["dead_letter", "change", "tombstone"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code"),
+    [
+        ({"ts_ms": 2**64}, "out_of_range"),
+        ({"ts_ms": 10**15}, "out_of_range"),  # year 33658: no date column can hold it
+        ({"transaction": {"id": "t", "total_order": 2**63, "data_collection_order": 1}}, "out_of_range"),
+        ({"source": change()["source"] | {"ts_ms": "9" * 30}}, "out_of_range"),
+        ({"source": change()["source"] | {"ts_ms": "9" * 5000}}, "invalid_field"),
+        ({"ts_ms": -1}, "change"),  # 1969: odd, but a valid time
+    ],
+)
+def test_numbers_that_would_break_the_batch_are_dead_letters(overrides: dict[str, Any], code: str) -> None:
+    row = parse_line(json.dumps(change(**overrides)), "f", KEYS)
+    assert (row.get("reason_code") or row["kind"]) == code
+    rows_to_batch([row])  # whatever the outcome, the batch can be built
+
+
+def test_marker_counts_beyond_int64_are_dead_letters() -> None:
+    row = parse_line('{"status":"END","id":"7:1","ts_ms":1,"event_count":18446744073709551615}', "f", KEYS)
+    assert row["reason_code"] == "out_of_range"
+
+
+@pytest.mark.parametrize("line", ['{"after": {"id": NaN}}', '{"a": Infinity}', '[-Infinity]'])
+def test_non_standard_constants_are_not_json(line: str) -> None:
+    row = parse_line(line, "f", KEYS)
+    assert row["reason_code"] == "not_json" and "non-standard constant" in row["reason"]
+
+
+def test_float_overflow_in_a_row_image_is_out_of_range() -> None:
+    line = json.dumps(change(after={"id": 1, "w": 1.0})).replace('"w": 1.0', '"w": 1e400')
+    assert parse_line(line, "f", KEYS)["reason_code"] == "out_of_range"
+
+
+def test_deep_nesting_that_the_reader_accepts_still_ends_as_a_dead_letter_or_a_row() -> None:
+    for depth in (200, 600, 900, 990, 1200):
+        nested = "[" * depth + "]" * depth
+        row = parse_line(json.dumps(change()).replace('"email": "a@example.com"', f'"deep": {nested}'), "f", KEYS)
+        assert row["kind"] == "change" or row["reason_code"] in ("too_deep", "not_json"), depth
+        rows_to_batch([row])
+
+
+def test_byte_order_mark_is_skipped_for_parsing_and_kept_in_the_line() -> None:
+    line = "\ufeff" + json.dumps(change())
+    row = parse_line(line, "f", KEYS)
+    assert row["kind"] == "change" and row["line"] == line
+    assert row["event_id"] == parse_line(line[1:], "f", KEYS)["event_id"]
+
+
+def test_duplicate_json_keys_take_the_last_value_like_jackson() -> None:
+    line = json.dumps(change(op="c")).replace('"op": "c"', '"op": "c", "op": "r"')
+    row = parse_line(line, "f", KEYS)
+    assert row["kind"] == "change" and row["op"] == "r"
