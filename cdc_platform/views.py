@@ -8,11 +8,12 @@ that `cdc run` writes, so a lake can be queried by someone who does not have its
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc_platform import lake
+from cdc_platform.config import TableConfig
 from cdc_platform.errors import LakeError
 
 if TYPE_CHECKING:
@@ -54,3 +55,188 @@ def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
 def sql(spark: SparkSession, lake_dir: Path, query: str) -> DataFrame:
     register_lake(spark, lake_dir)
     return spark.sql(query)
+
+
+# --- Latest-state views: the SQL, in one place ----------------------------------------------------------
+#
+# `<name>__stored` is the physical latest-state table (see latest_state.py): `_layer` 'base' holds one row
+# per key as of the last compaction, `_layer` 'delta' the changes appended since. Every view below reads
+# it through `<name>`, which folds the two layers; identifiers are always backtick-quoted.
+
+#: Metadata columns of the folded state, in order, after the source columns.
+STATE_META = ("_op", "_deleted", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id")
+#: Metadata columns of the full and clean views (the tombstone flag is always false there).
+VIEW_META = ("_op", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id")
+#: Columns a truncate marker supplies to the rows it tombstones.
+_MARKER_META = ("_source_ts", "_transaction_id", "_ingested_at", "_event_id")
+
+
+def q(name: str) -> str:
+    return lake.quote_identifier(name)
+
+
+def _cols(names: Sequence[str], alias: str | None = None) -> str:
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + q(n) for n in names)
+
+
+def _keys_equal(key: Sequence[str], left: str, right: str) -> str:
+    return " AND ".join(f"{left}.{q(k)} = {right}.{q(k)}" for k in key)
+
+
+def _keys_present(key: Sequence[str], alias: str | None = None, *, present: bool = True) -> str:
+    prefix = f"{alias}." if alias else ""
+    test = "IS NOT NULL" if present else "IS NULL"
+    return " AND ".join(f"{prefix}{q(k)} {test}" for k in key)
+
+
+def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str]) -> str:
+    """The current state with tombstones: base and delta layers folded by the highest `_position` per key.
+
+    The delta side is small (compaction bounds it), so both joins broadcast it and the base is scanned
+    once in full plus once for its key columns; a filter on key columns prunes both scans. An equal
+    position keeps the base row (the one stored first), so a replayed change never wins. A truncate
+    marker (key columns null, `_op` t) turns every row below its position into a tombstone.
+    """
+    if not key or not all(k in columns for k in key):
+        # No keyed row has landed yet (e.g. only a truncate): an empty state with the right columns.
+        return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
+    rows = [*columns, *STATE_META, "_seq"]
+    newer = f"r.{q(key[0])} IS NOT NULL AND r.`_position` > b.`_position`"
+    picked = ", ".join(f"b.{q(c)} AS {q(c)}" if c in key else f"CASE WHEN {newer} THEN r.{q(c)} ELSE b.{q(c)} END AS {q(c)}" for c in rows)
+    cut = "f.`_position` < t.`_position`"
+    out = [f"f.{q(c)}" if c in key else f"CASE WHEN {cut} THEN NULL ELSE f.{q(c)} END AS {q(c)}" for c in columns]
+    out += [f"CASE WHEN {cut} THEN 't' ELSE f.`_op` END AS `_op`", f"CASE WHEN {cut} THEN true ELSE f.`_deleted` END AS `_deleted`",
+            f"CASE WHEN {cut} THEN t.`_position` ELSE f.`_position` END AS `_position`"]
+    out += [f"CASE WHEN {cut} THEN t.{q(c)} ELSE f.{q(c)} END AS {q(c)}" for c in _MARKER_META]
+    marker = ", ".join(["max(`_position`) AS `_position`", *(f"max_by({q(c)}, `_position`) AS {q(c)}" for c in _MARKER_META)])
+    return f"""
+WITH `__base` AS (
+  SELECT {_cols(rows)} FROM {q(stored)} WHERE `_layer` = 'base' AND {_keys_present(key)}
+),
+`__recent` AS (
+  SELECT {_cols(rows)} FROM (
+    SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `_seq` ASC) AS `__rank`
+    FROM {q(stored)} WHERE `_layer` = 'delta' AND {_keys_present(key)}
+  ) WHERE `__rank` = 1
+),
+`__in_base` AS (
+  SELECT /*+ BROADCAST(r) */ {_cols(key, 'b')} FROM `__base` b LEFT SEMI JOIN `__recent` r ON {_keys_equal(key, 'b', 'r')}
+),
+`__folded` AS (
+  SELECT /*+ BROADCAST(r) */ {picked}
+  FROM `__base` b LEFT JOIN `__recent` r ON {_keys_equal(key, 'b', 'r')}
+  UNION ALL
+  SELECT /*+ BROADCAST(i) */ {_cols(rows, 'r')}
+  FROM `__recent` r LEFT ANTI JOIN `__in_base` i ON {_keys_equal(key, 'r', 'i')}
+),
+`__truncate` AS (
+  SELECT {marker} FROM {q(stored)} WHERE `_op` = 't' AND {_keys_present(key, present=False)}
+)
+SELECT {', '.join(out)}
+FROM `__folded` f CROSS JOIN `__truncate` t
+"""
+
+
+def full_view_sql(state: str, columns: Sequence[str]) -> str:
+    """`<name>__full_view`: the latest state without tombstones, source columns first (WePay's full view)."""
+    return f"SELECT {_cols([*columns, *VIEW_META])} FROM {q(state)} WHERE NOT `_deleted`"
+
+
+def masked_expression(column: str, binary: bool, mode: str, salt: bytes | None) -> str | None:
+    """How `<name>__clean_view` shows a masked column; None means the column is left out.
+
+    `hash`: hex SHA-256 of salt + value (the value as text, or the bytes of a binary column), so equal
+    values still join across tables and views sharing the salt. The salt comes from the environment
+    variable the table names (`mask_salt_env`), never from the lake; without it the column is shown as
+    NULL, so a lake queried without the salt shows removal rather than a guessable unsalted hash.
+    `remove`: the column is not in the view at all.
+    """
+    if mode == "remove":
+        return None
+    if salt is None:
+        return f"CAST(NULL AS STRING) AS {q(column)}"
+    value = q(column) if binary else f"CAST(CAST({q(column)} AS STRING) AS BINARY)"
+    return f"CASE WHEN {q(column)} IS NULL THEN NULL ELSE sha2(concat(unhex('{salt.hex()}'), {value}), 256) END AS {q(column)}"
+
+
+def clean_view_sql(full: str, columns: Sequence[tuple[str, bool]], mask: Sequence[str], mode: str, salt: bytes | None) -> str:
+    """`<name>__clean_view`: the full view with every `mask:` column hashed or removed.
+
+    Masked names match case-insensitively, as Spark resolves them, so `Email` cannot slip past `email`.
+    """
+    masked = {m.lower() for m in mask}
+    select: list[str] = []
+    for name, binary in columns:
+        if name.lower() in masked:
+            expr = masked_expression(name, binary, mode, salt)
+            if expr is not None:
+                select.append(expr)
+        else:
+            select.append(q(name))
+    select += [q(m) for m in VIEW_META]
+    return f"SELECT {', '.join(select)} FROM {q(full)}"
+
+
+def history_sql(stored: str, columns: Sequence[str], key: Sequence[str]) -> str:
+    """`<name>_history` (SCD2): every version of every key with its validity and a current flag.
+
+    Versions are the applied changes in position order; a version is valid from its position until the
+    next change to the same key (or a truncate in between) and is current while nothing follows it.
+    Deletes and truncates close a version and open none. Two changes with the same key and position
+    are one version: the first applied, as in the latest state.
+    """
+    if not key or not all(k in columns for k in key):
+        return (
+            f"SELECT {_cols(columns)}, `_op`, `_position` AS `_valid_from_position`, `_source_ts` AS `_valid_from_ts`, "
+            "`_position` AS `_valid_to_position`, `_source_ts` AS `_valid_to_ts`, true AS `_is_current`, "
+            f"`_transaction_id`, `_ingested_at`, `_event_id` FROM {q(stored)} WHERE false"
+        )
+    rows = [*columns, "_op", "_deleted", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id"]
+    return f"""
+WITH `__versions` AS (
+  SELECT {_cols(rows)} FROM (
+    SELECT {_cols(rows)}, row_number() OVER (
+      PARTITION BY {_cols(key)}, `_position` ORDER BY `_seq` ASC, `_tx_order` DESC NULLS LAST, `_batch_order` DESC) AS `__dup`
+    FROM {q(stored)} WHERE {_keys_present(key)}
+  ) WHERE `__dup` = 1
+),
+`__ordered` AS (
+  SELECT *, lead(`_position`) OVER w AS `__next_position`, lead(`_source_ts`) OVER w AS `__next_ts`
+  FROM `__versions` WINDOW w AS (PARTITION BY {_cols(key)} ORDER BY `_position`)
+),
+`__truncates` AS (
+  SELECT DISTINCT `_position` AS `__t_position`, `_source_ts` AS `__t_ts` FROM {q(stored)}
+  WHERE `_op` = 't' AND {_keys_present(key, present=False)}
+),
+`__bounded` AS (
+  SELECT o.*, t.`__t_position`, t.`__t_ts`,
+         row_number() OVER (PARTITION BY {_cols(key, 'o')}, o.`_position` ORDER BY t.`__t_position` ASC NULLS LAST) AS `__first_cut`
+  FROM `__ordered` o LEFT JOIN `__truncates` t
+    ON t.`__t_position` > o.`_position` AND (o.`__next_position` IS NULL OR t.`__t_position` < o.`__next_position`)
+)
+SELECT {_cols(columns)}, `_op`,
+       `_position` AS `_valid_from_position`, `_source_ts` AS `_valid_from_ts`,
+       coalesce(`__t_position`, `__next_position`) AS `_valid_to_position`,
+       CASE WHEN `__t_position` IS NOT NULL THEN `__t_ts` ELSE `__next_ts` END AS `_valid_to_ts`,
+       `__t_position` IS NULL AND `__next_position` IS NULL AS `_is_current`,
+       `_transaction_id`, `_ingested_at`, `_event_id`
+FROM `__bounded` WHERE `__first_cut` = 1 AND NOT `_deleted`
+"""
+
+
+def latest_state_views(table: TableConfig, columns: Mapping[str, Any], stored: str, salt: bytes | None) -> list[tuple[str, str]]:
+    """(view name, SQL) for `<name>`, `<name>__full_view` and `<name>__clean_view`, in dependency order.
+
+    `columns` maps source column names to Arrow types (binary columns hash their bytes).
+    """
+    import pyarrow as pa
+
+    names = list(columns)
+    full = f"{table.name}__full_view"
+    typed = [(c, pa.types.is_binary(t) or pa.types.is_large_binary(t)) for c, t in columns.items()]
+    return [
+        (table.name, latest_state_sql(stored, names, table.key)),
+        (full, full_view_sql(table.name, names)),
+        (f"{table.name}__clean_view", clean_view_sql(full, typed, table.mask, table.mask_mode, salt)),
+    ]

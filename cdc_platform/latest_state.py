@@ -1,0 +1,1050 @@
+"""Latest state: every configured source table as it is now, kept merge-on-read from the raw change events.
+
+Layout, and why. delta-rs MERGE is copy-on-write: a batch of changes rewrites every file holding one of
+its keys, so with keys spread over the table a 10k-change batch rewrites (nearly) the whole table and the
+cost grows with the table. Instead each table `<name>` is one Delta table partitioned by `_layer`:
+
+* `_layer=delta`: every micro-batch *appends* its changes, folded to the last change per key (by source
+  position, then `transaction.total_order`, then arrival). An append costs the batch, not the table.
+* `_layer=base`: one row per key (live rows and tombstones) plus truncate markers, written by compaction:
+  a delta-rs MERGE of the folded delta layer into the base (`_position` decides), then a DELETE of the
+  folded delta files. Compaction runs from `cdc maintain`, and from the stream when the delta layer grows
+  past `max(COMPACT_MIN_CHANGES, COMPACT_RATIO x base rows)`, so its amortised cost per change is constant
+  and the delta layer a view has to fold stays small.
+
+The SQL view `<name>` (see `views.latest_state_sql`) folds base and delta by max position per key with
+broadcast joins against the small delta side, so reading it costs one scan of the base. The physical
+table is registered for SQL as `<name>__stored`; `<name>__full_view` is the canonical current state.
+
+Ordering is by source position only, never arrival or `ts_ms`: across batches the higher position wins
+and an equal position keeps what was stored first, so replays and duplicates change nothing. Deletes
+leave tombstones (`_deleted`), so a stale change can never resurrect a row until maintenance purges
+tombstones older than the table's `tombstone_retention`. A truncate is a marker row (key columns null,
+`_op` t) that makes every row with a lower position a tombstone. An update whose before key differs from
+its after key tombstones the old key at the same position.
+
+Types: with the JSON converter's schema wrapper the Connect schema gives exact types (see
+`connect_type`); without it JSON values are inferred (integer -> bigint, other numbers -> double, string,
+boolean, objects and arrays -> JSON text). New columns are added; numeric widening (int8 < int16 <
+int32 < int64 < double, float < double, decimals to a wider decimal) rewrites the table once with the
+wider type; any other type change dead-letters the event (`incompatible_type`), and
+`cdc rebuild --table NAME` rebuilds the table from the raw log, letting the newest type win.
+
+History (`history: true`): `<name>_history` receives every applied change, appended; the SQL view of the
+same name derives validity (`_valid_from/_valid_to` position and time) and `_is_current` from the order
+of positions, so late events slot into the middle of a history without rewriting it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+
+from cdc_platform import lake, schemas, views
+from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
+from cdc_platform.envelope import _canonical as canonical_json  # the one definition of the `key` text
+from cdc_platform.errors import LakeError
+from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult, dead_letter_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+STAGE = "latest_state"
+TS = schemas.TS
+
+LAYER = "_layer"
+BASE = "base"
+DELTA = "delta"
+
+#: Compaction threshold: fold the delta layer into the base once it holds this many rows, or this
+#: fraction of the base, whichever is larger (a fixed fraction keeps the amortised cost per change flat).
+COMPACT_MIN_CHANGES = 100_000
+COMPACT_RATIO = 0.1
+
+#: Metadata columns of the latest-state table, after the source columns.
+META_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("_op", pa.string()),
+    pa.field("_deleted", pa.bool_()),
+    pa.field("_position", pa.string()),
+    pa.field("_source_ts", TS),
+    pa.field("_transaction_id", pa.string()),
+    pa.field("_ingested_at", TS),
+    pa.field("_event_id", pa.string()),
+    pa.field("_seq", pa.int64()),  # order of application: the Delta version that appended the row
+    pa.field(LAYER, pa.string()),
+)
+#: Extra ordering columns of `<name>_history` (which has no `_layer`).
+HISTORY_EXTRA: tuple[pa.Field, ...] = (pa.field("_tx_order", pa.int64()), pa.field("_batch_order", pa.int64()))
+HISTORY_META: tuple[pa.Field, ...] = tuple(f for f in META_FIELDS if f.name != LAYER) + HISTORY_EXTRA
+RESERVED = frozenset(f.name for f in META_FIELDS + HISTORY_EXTRA)
+
+
+# --- Types -------------------------------------------------------------------------------------------
+
+_CONNECT_BASE: dict[str, pa.DataType] = {
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "bytes": pa.binary(),
+}
+#: Connect/Debezium timestamp logical types and the factor from their unit to microseconds.
+_EPOCH_TIMESTAMPS: dict[str, float] = {
+    "org.apache.kafka.connect.data.Timestamp": 1000.0,
+    "io.debezium.time.Timestamp": 1000.0,
+    "io.debezium.time.MicroTimestamp": 1.0,
+    "io.debezium.time.NanoTimestamp": 0.001,
+}
+_DATES = frozenset({"org.apache.kafka.connect.data.Date", "io.debezium.time.Date"})
+_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+
+
+class BadValue(ValueError):
+    """A JSON value that does not fit the type its column declares."""
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """An Arrow type plus how to turn a JSON value into a Python value of that type."""
+
+    dtype: pa.DataType
+    convert: Callable[[Any], Any]
+
+
+def _strict_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadValue(f"{json.dumps(v)[:40]} is not an integer")
+    return v
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadValue(f"{json.dumps(v)[:40]} is not a number")
+    return float(v)
+
+
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise BadValue(f"{json.dumps(v)[:40]} is not a boolean")
+    return v
+
+
+def _string(v: Any) -> str:
+    if not isinstance(v, str):
+        raise BadValue(f"{json.dumps(v)[:40]} is not a string")
+    return v
+
+
+def _json_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def _base64_bytes(v: Any) -> bytes:
+    if not isinstance(v, str):
+        raise BadValue(f"{json.dumps(v)[:40]} is not base64 text")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise BadValue(f"{v[:40]!r} is not valid base64") from exc
+
+
+def connect_type(fld: Mapping[str, Any]) -> FieldType:
+    """Arrow type for one field of a Debezium/Kafka Connect schema.
+
+    Mapped: int8/16/32/64, float32/64, boolean, string, bytes (base64 -> binary); logical types
+    Decimal (-> decimal(precision, scale), precision 38 when not given), Date / io.debezium.time.Date
+    (-> date), Timestamp / io.debezium.time.{Timestamp, MicroTimestamp, NanoTimestamp} and
+    ZonedTimestamp (-> timestamp in UTC; the zone-less ones are wall-clock values stored as if UTC).
+    Everything else keeps its base type: Time/MicroTime/NanoTime stay integers in their unit, Json,
+    Uuid, Enum, Xml stay strings; structs, arrays and maps (and VariableScaleDecimal) become JSON text.
+    """
+    base = str(fld.get("type") or "")
+    name = fld.get("name")
+    params = fld.get("parameters") or {}
+    if name == _DECIMAL and base == "bytes":
+        scale = int(params.get("scale", 0))
+        precision = int(params.get("connect.decimal.precision", 38))
+        precision = max(1, min(38, max(precision, scale)))
+        return FieldType(pa.decimal128(precision, scale), _decimal_converter(precision, scale))
+    if name in _EPOCH_TIMESTAMPS and base == "int64":
+        factor = _EPOCH_TIMESTAMPS[name]
+        return FieldType(TS, lambda v: _EPOCH + dt.timedelta(microseconds=int(_strict_int(v) * factor)))
+    if name in _DATES and base == "int32":
+        return FieldType(pa.date32(), lambda v: dt.date(1970, 1, 1) + dt.timedelta(days=_strict_int(v)))
+    if name == _ZONED_TIMESTAMP and base == "string":
+        return FieldType(TS, _zoned_timestamp)
+    if base in ("int8", "int16", "int32", "int64"):
+        return FieldType(_CONNECT_BASE[base], _strict_int)
+    if base in ("float32", "float64"):
+        return FieldType(_CONNECT_BASE[base], _number)
+    if base == "boolean":
+        return FieldType(pa.bool_(), _boolean)
+    if base == "string":
+        return FieldType(pa.string(), _string)
+    if base == "bytes":
+        return FieldType(pa.binary(), _base64_bytes)
+    return FieldType(pa.string(), _json_text)  # struct, array, map, or anything newer
+
+
+def _decimal_converter(precision: int, scale: int) -> Callable[[Any], Any]:
+    quantum = decimal.Decimal(1).scaleb(-scale)
+
+    def convert(v: Any) -> decimal.Decimal:
+        if isinstance(v, str):
+            unscaled = int.from_bytes(_base64_bytes(v), "big", signed=True)
+            value = decimal.Decimal(unscaled).scaleb(-scale)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            value = decimal.Decimal(str(v)).quantize(quantum)
+        else:
+            raise BadValue(f"{json.dumps(v)[:40]} is not a decimal")
+        if len(value.as_tuple().digits) > precision:
+            raise BadValue(f"{value} has more than {precision} digits")
+        return value
+
+    return convert
+
+
+def _zoned_timestamp(v: Any) -> dt.datetime:
+    try:
+        parsed = dt.datetime.fromisoformat(_string(v))
+    except ValueError as exc:
+        raise BadValue(f"{v!r} is not an ISO-8601 timestamp") from exc
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).astimezone(dt.timezone.utc)
+
+
+_INFERRED: dict[type, FieldType] = {
+    bool: FieldType(pa.bool_(), lambda v: v),
+    int: FieldType(pa.int64(), lambda v: v),
+    float: FieldType(pa.float64(), lambda v: v),
+    str: FieldType(pa.string(), lambda v: v),
+    dict: FieldType(pa.string(), _json_text),
+    list: FieldType(pa.string(), _json_text),
+}
+
+
+def infer_type(value: Any) -> FieldType | None:
+    """Type of a JSON value without a schema; None for null (a null says nothing about its column)."""
+    return None if value is None else _INFERRED[type(value)]
+
+
+def _normalise(t: pa.DataType) -> pa.DataType:
+    """Delta reads give large/view variants; compare and write the plain ones."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_timestamp(t):
+        return TS
+    return t
+
+
+def join_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The narrowest type both widen to without changing meaning, or None when they are incompatible."""
+    a, b = _normalise(a), _normalise(b)
+    if a == b:
+        return a
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        return max(a, b, key=_INTS.index)
+    small_exact = (pa.int8(), pa.int16(), pa.float32())
+    if (pa.types.is_integer(a) or pa.types.is_floating(a)) and (pa.types.is_integer(b) or pa.types.is_floating(b)):
+        return pa.float32() if a in small_exact and b in small_exact else pa.float64()
+    if pa.types.is_decimal(a) or pa.types.is_decimal(b):
+        da = a if pa.types.is_decimal(a) else (pa.decimal128(19, 0) if pa.types.is_integer(a) else None)
+        db = b if pa.types.is_decimal(b) else (pa.decimal128(19, 0) if pa.types.is_integer(b) else None)
+        if da is None or db is None:
+            return None
+        scale = max(da.scale, db.scale)
+        digits = max(da.precision - da.scale, db.precision - db.scale) + scale
+        return pa.decimal128(digits, scale) if digits <= 38 else None
+    return None
+
+
+def type_name(t: pa.DataType) -> str:
+    """The Spark SQL name a user sees for a type (what `DESCRIBE` prints)."""
+    t = _normalise(t)
+    names = {
+        pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int", pa.int64(): "bigint",
+        pa.float32(): "float", pa.float64(): "double", pa.bool_(): "boolean", pa.string(): "string",
+        pa.binary(): "binary", pa.date32(): "date", TS: "timestamp",
+    }
+    if t in names:
+        return names[t]
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    return str(t)
+
+
+# --- Change rows ------------------------------------------------------------------------------------
+
+@dataclass
+class ChangeRow:
+    """One row to land: a change to one key (or a truncate marker), not yet typed."""
+
+    event: int  # index of the raw event it came from
+    key: str | None  # canonical key JSON; None for a truncate marker
+    op: str
+    deleted: bool
+    image: dict[str, Any] | None  # the after image, or the key columns for a tombstone
+    sub: int  # 0 = tombstone of an old key (key change), 1 = the change itself
+
+
+@dataclass
+class Events:
+    """The raw events of one table as Python lists (one pass over Arrow, then plain indexing)."""
+
+    table: pa.Table
+
+    def __post_init__(self) -> None:
+        cols = (
+            "op", "key", "before", "after", "row_schema", "position", "tx_total_order", "source_ts",
+            "transaction_id", "ingested_at", "event_id", "line", "source_file", "table_id",
+        )
+        self.c: dict[str, list[Any]] = {c: self.table.column(c).to_pylist() for c in cols}
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+
+def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[ChangeRow], list[tuple[int, str, str]]]:
+    """Turn raw events into change rows; also return (event, reason_code, reason) for unusable ones."""
+    c = events.c
+    rows: list[ChangeRow] = []
+    bad: list[tuple[int, str, str]] = []
+    for i in range(len(events)):
+        op = c["op"][i]
+        if op == "t":
+            rows.append(ChangeRow(i, None, "t", True, None, 1))
+            continue
+        key = c["key"][i]
+        if key is None:  # the parser fills `key` for every configured table's c/u/d/r
+            bad.append((i, "missing_key", "event has no key although its table is configured; rerun `cdc run` with the config"))
+            continue
+        if op == "d":
+            rows.append(ChangeRow(i, key, "d", True, json.loads(key), 1))
+            continue
+        try:
+            after = json.loads(c["after"][i])
+        except (TypeError, ValueError):
+            bad.append((i, "missing_after", f"op {op!r} without a usable `after` row image"))
+            continue
+        if op == "u" and c["before"][i] is not None:
+            before = json.loads(c["before"][i])
+            if isinstance(before, dict) and all(before.get(k) is not None for k in key_columns):
+                old = canonical_json({k: before[k] for k in key_columns})
+                if old != key:
+                    rows.append(ChangeRow(i, old, "u", True, json.loads(old), 0))
+        rows.append(ChangeRow(i, key, op, False, after, 1))
+    return rows, bad
+
+
+def last_per_key(rows: Sequence[ChangeRow], events: Events) -> list[int]:
+    """Indexes (into `rows`) of the last change per key, by (position, tx order, key-change step, arrival)."""
+    keyed = [i for i, r in enumerate(rows) if r.key is not None]
+    if not keyed:
+        return []
+    pos, tx = events.c["position"], events.c["tx_total_order"]
+    table = pa.table(
+        {
+            "k": pa.array([rows[i].key for i in keyed], pa.string()),
+            "p": pa.array([pos[rows[i].event] for i in keyed], pa.string()),
+            "t": pa.array([tx[rows[i].event] for i in keyed], pa.int64()),
+            "s": pa.array([rows[i].sub for i in keyed], pa.int8()),
+            "i": pa.array(keyed, pa.int64()),
+        }
+    )
+    order = pc.sort_indices(
+        table, sort_keys=[("k", "ascending"), ("p", "ascending"), ("t", "ascending", "at_start"), ("s", "ascending"), ("i", "ascending")]
+    )
+    sorted_t = table.take(order)
+    k = sorted_t.column("k")
+    n = sorted_t.num_rows
+    if n == 1:
+        last = pa.array([True])
+    else:
+        last = pa.concat_arrays([pc.not_equal(k.slice(0, n - 1), k.slice(1)).combine_chunks(), pa.array([True])])
+    return sorted(sorted_t.column("i").filter(last).to_pylist())
+
+
+# --- Typing a batch -----------------------------------------------------------------------------------
+
+@dataclass
+class TypedRows:
+    """Change rows with typed source columns, ready to become Arrow, plus what had to be dead-lettered."""
+
+    columns: dict[str, pa.DataType]  # resolved schema of source columns, in table order
+    values: dict[str, list[Any]]  # per column, per row in `rows` (None where absent)
+    rows: list[ChangeRow]
+    dead: dict[int, tuple[str, str]] = field(default_factory=dict)  # event -> (reason_code, reason)
+    widened: dict[str, tuple[pa.DataType, pa.DataType]] = field(default_factory=dict)  # column -> (old, new)
+    added: list[str] = field(default_factory=list)
+
+
+def type_rows(
+    rows: list[ChangeRow],
+    events: Events,
+    stored: Mapping[str, pa.DataType],
+    table: TableConfig,
+    *,
+    coerce: bool = False,
+) -> TypedRows:
+    """Type every change row against the stored source columns.
+
+    Without `coerce` (the stream) a value whose type cannot widen to the stored one dead-letters its
+    event. With `coerce` (rebuild) the newest event's type wins and older values are cast to it; only
+    values that cannot be cast are dead-lettered.
+    """
+    schema_cache: dict[str, dict[str, FieldType]] = {}
+    row_schemas = events.c["row_schema"]
+    dead: dict[int, tuple[str, str]] = {}
+    order: list[str] = list(stored)
+    seen: set[str] = set(order)
+    per_row: list[dict[str, tuple[FieldType, Any]]] = []
+    for r in rows:
+        typed: dict[str, tuple[FieldType, Any]] = {}
+        per_row.append(typed)
+        if r.image is None or r.event in dead:
+            continue
+        declared = _declared(row_schemas[r.event], schema_cache)
+        for col, raw in r.image.items():
+            if col in RESERVED:
+                dead[r.event] = (
+                    "reserved_column",
+                    f"source column `{col}` of {table.source} has the name of a platform metadata column; rename it at "
+                    f"the source or with a column-renaming SMT, then run `cdc rebuild --table {table.name}`",
+                )
+                break
+            ftype = declared.get(col) or infer_type(raw)
+            if ftype is None:
+                continue  # a null without a declared type: the column's type is decided by other rows
+            try:
+                value = None if raw is None else ftype.convert(raw)
+            except BadValue as exc:
+                dead[r.event] = ("invalid_value", f"column `{col}` of {table.source}: {exc}, but the event declares {type_name(ftype.dtype)}")
+                break
+            typed[col] = (ftype, value)
+            if col not in seen:
+                seen.add(col)
+                order.append(col)
+
+    positions = events.c["position"]
+    txs = events.c["tx_total_order"]
+
+    def newness(idx: int) -> tuple[str, int, int]:
+        e = rows[idx].event
+        return (positions[e] or "", txs[e] if txs[e] is not None else -1, e)
+
+    columns: dict[str, pa.DataType] = {}
+    widened: dict[str, tuple[pa.DataType, pa.DataType]] = {}
+    added: list[str] = []
+    coerce_cols: dict[str, pa.DataType] = {}
+    for col in order:
+        by_type: dict[pa.DataType, list[int]] = {}
+        for idx, typed in enumerate(per_row):
+            if col in typed and rows[idx].event not in dead:
+                by_type.setdefault(typed[col][0].dtype, []).append(idx)
+        old = stored.get(col)
+        if old is None and not by_type:
+            continue
+        if old is not None and not coerce:
+            target = _normalise(old)
+        else:
+            newest = max((i for idxs in by_type.values() for i in idxs), key=newness)
+            target = per_row[newest][col][0].dtype
+        # Widen with every compatible type, newest first; what stays incompatible is a conflict.
+        for dtype in sorted(by_type, key=lambda d: max(newness(i) for i in by_type[d]), reverse=True):
+            joined = join_types(target, dtype)
+            if joined is not None:
+                target = joined
+        if old is not None and not coerce and target != _normalise(old):
+            widened[col] = (_normalise(old), target)
+        if old is None:
+            added.append(col)
+        for dtype, idxs in by_type.items():
+            if join_types(dtype, target) == target:
+                continue
+            if coerce:
+                coerce_cols[col] = target
+                continue
+            for idx in idxs:
+                e = rows[idx].event
+                dead.setdefault(
+                    e,
+                    (
+                        "incompatible_type",
+                        f"column `{col}` of {table.name} is {type_name(target)} but this event carries {type_name(dtype)} "
+                        f"({_sample(per_row[idx][col][1])}); the event was not applied. If the source column changed type, "
+                        f"run `cdc rebuild --table {table.name}` to rebuild the table from the raw log with the newest type",
+                    ),
+                )
+        columns[col] = target
+
+    values: dict[str, list[Any]] = {col: [None] * len(rows) for col in columns}
+    for idx, typed in enumerate(per_row):
+        if rows[idx].event in dead:
+            continue
+        for col, (ftype, value) in typed.items():
+            if value is None or col not in columns:
+                continue
+            target = columns[col]
+            if col in coerce_cols and join_types(ftype.dtype, target) != target:
+                try:
+                    value = pa.array([value], ftype.dtype).cast(target).to_pylist()[0]
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    dead.setdefault(
+                        rows[idx].event,
+                        (
+                            "incompatible_type",
+                            f"column `{col}` of {table.name}: {_sample(value)} ({type_name(ftype.dtype)}) cannot be converted to "
+                            f"{type_name(target)}, the type the newest events carry; the event was left out of the rebuilt table",
+                        ),
+                    )
+                    continue
+            values[col][idx] = value
+    return TypedRows(columns=columns, values=values, rows=rows, dead=dead, widened=widened, added=added)
+
+
+def _declared(text: str | None, cache: dict[str, dict[str, FieldType]]) -> dict[str, FieldType]:
+    if text is None:
+        return {}
+    found = cache.get(text)
+    if found is None:
+        try:
+            fields = json.loads(text).get("fields") or []
+        except (ValueError, AttributeError):
+            fields = []
+        found = {str(f["field"]): connect_type(f) for f in fields if isinstance(f, dict) and "field" in f}
+        cache[text] = found
+    return found
+
+
+def _sample(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- Building Arrow ---------------------------------------------------------------------------------
+
+def state_schema(columns: Mapping[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(c, t) for c, t in columns.items()] + list(META_FIELDS))
+
+
+def history_schema(columns: Mapping[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(c, t) for c, t in columns.items()] + list(HISTORY_META))
+
+
+def build_rows(typed: TypedRows, events: Events, which: Sequence[int], key_columns: Sequence[str], *, seq: int, history: bool = False) -> pa.Table:
+    """Arrow rows (latest-state or history schema) for the change rows at indexes `which`."""
+    c = events.c
+    rows = [typed.rows[i] for i in which]
+    data: dict[str, pa.Array] = {}
+    for col, dtype in typed.columns.items():
+        vals = typed.values[col]
+        keep_all = col in key_columns
+        data[col] = pa.array([vals[i] if (keep_all or not typed.rows[i].deleted) else None for i in which], dtype)
+    data["_op"] = pa.array([r.op for r in rows], pa.string())
+    data["_deleted"] = pa.array([r.deleted for r in rows], pa.bool_())
+    data["_position"] = pa.array([c["position"][r.event] for r in rows], pa.string())
+    data["_source_ts"] = pa.array([c["source_ts"][r.event] for r in rows], TS)
+    data["_transaction_id"] = pa.array([c["transaction_id"][r.event] for r in rows], pa.string())
+    data["_ingested_at"] = pa.array([c["ingested_at"][r.event] for r in rows], TS)
+    data["_event_id"] = pa.array([c["event_id"][r.event] for r in rows], pa.string())
+    data["_seq"] = pa.array([seq] * len(rows), pa.int64())
+    if history:
+        data["_tx_order"] = pa.array([c["tx_total_order"][r.event] for r in rows], pa.int64())
+        data["_batch_order"] = pa.array(list(which), pa.int64())
+        return pa.table(data, schema=history_schema(typed.columns))
+    data[LAYER] = pa.array([DELTA] * len(rows), pa.string())
+    return pa.table(data, schema=state_schema(typed.columns))
+
+
+def source_columns(schema: pa.Schema, meta: Iterable[pa.Field] = META_FIELDS) -> dict[str, pa.DataType]:
+    names = {f.name for f in meta}
+    return {f.name: _normalise(f.type) for f in schema if f.name not in names}
+
+
+def table_schema(path: Path) -> pa.Schema:
+    return pa.schema(lake.open_table(path).schema().to_arrow())
+
+
+def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`data` with exactly `schema`'s columns, in order: missing ones null, present ones cast."""
+    arrays = []
+    for f in schema:
+        if f.name in data.column_names:
+            arrays.append(data.column(f.name).cast(f.type, safe=False))
+        else:
+            arrays.append(pa.nulls(data.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# --- Writing -----------------------------------------------------------------------------------------
+
+def ensure_tables(lake_dir: Path, table: TableConfig) -> None:
+    """Create `<name>` (and `<name>_history`) with metadata columns only; source columns come with data."""
+    lake.ensure_table(lake.table_path(lake_dir, table.name), pa.schema(list(META_FIELDS)), [LAYER])
+    if table.history:
+        lake.ensure_table(lake.table_path(lake_dir, table.history_name), pa.schema(list(HISTORY_META)))
+
+
+def widen(path: Path, target: pa.Schema, partition_by: list[str] | None) -> None:
+    """Rewrite a table with wider column types (Delta cannot change a column's type in place here).
+
+    Streams the current snapshot through Arrow batches, so memory stays bounded; the old files stay
+    until `cdc maintain` vacuums them. Application transactions survive an overwrite.
+    """
+    table = lake.open_table(path)
+    scanner = table.to_pyarrow_dataset().scanner(batch_size=262_144)
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        for batch in scanner.to_batches():
+            yield from conform(pa.Table.from_batches([batch]), target).to_batches()
+
+    reader = pa.RecordBatchReader.from_batches(target, batches())
+    lake.with_retries(
+        lambda: write_deltalake(table, reader, mode="overwrite", schema_mode="overwrite", partition_by=partition_by),
+        what=f"widen {path.name}",
+    )
+
+
+def _evolved(current: pa.Schema, columns: Mapping[str, pa.DataType], meta: Sequence[pa.Field]) -> tuple[pa.Schema, bool]:
+    """The table schema after this batch's columns, and whether a rewrite (widening) is needed."""
+    existing = source_columns(current, meta)
+    rewrite = any(c in existing and existing[c] != t for c, t in columns.items())
+    fields = [pa.field(c, columns.get(c, t)) for c, t in existing.items()]
+    fields += [pa.field(c, t) for c, t in columns.items() if c not in existing]
+    return pa.schema(fields + list(meta)), rewrite
+
+
+def _layer_rows(table: DeltaTable) -> dict[str, int]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    out = {BASE: 0, DELTA: 0}
+    col = f"partition.{LAYER}"
+    if actions.num_rows == 0 or col not in actions.column_names:
+        return out
+    for layer, n in zip(actions.column(col).to_pylist(), actions.column("num_records").to_pylist()):
+        if layer in out and n is not None:
+            out[layer] += int(n)
+    return out
+
+
+# --- The stage ------------------------------------------------------------------------------------
+
+@dataclass
+class TableApply:
+    """What one batch did to one table."""
+
+    rows: int = 0
+    history_rows: int = 0
+    tombstones: int = 0
+    truncates: int = 0
+    added_columns: int = 0
+    widened_columns: int = 0
+    compacted: int = 0
+    compact_seconds: float = 0.0
+    dead: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LatestStateStage:
+    """Appends each batch's changes to `<name>` (delta layer) and `<name>_history`, exactly once."""
+
+    name = STAGE
+
+    def __init__(self, compact_min_changes: int = COMPACT_MIN_CHANGES, compact_ratio: float = COMPACT_RATIO) -> None:
+        self.compact_min_changes = compact_min_changes
+        self.compact_ratio = compact_ratio
+
+    def setup(self, config: PlatformConfig) -> None:
+        for table in config.tables:
+            ensure_tables(config.lake, table)
+
+    def apply(self, batch: ParsedBatch, ctx: BatchContext) -> StageResult:
+        result = StageResult()
+        events = batch.events
+        if events.num_rows == 0 or not ctx.config.tables:
+            return result
+        table_ids = events.column("table_id")
+        dead: list[dict[str, Any]] = []
+        totals: dict[str, float] = {}
+        for table in ctx.config.tables:
+            mine = events.filter(pc.equal(table_ids, table.source))
+            if mine.num_rows == 0:
+                continue
+            done = apply_table(ctx.config.lake, table, Events(mine), ctx=ctx, stage=self)
+            if done.rows:
+                result.rows_landed[table.name] = done.rows
+            if done.history_rows:
+                result.rows_landed[table.history_name] = done.history_rows
+            dead.extend(done.dead)
+            for k in ("rows", "tombstones", "truncates", "added_columns", "widened_columns", "compacted", "compact_seconds"):
+                totals[k] = totals.get(k, 0.0) + float(getattr(done, k))
+        totals["dead_letters"] = float(len(dead))
+        result.figures = totals
+        if dead:
+            result.dead_letters = dead_letter_rows(dead, stage=STAGE, batch_id=batch.batch_id)
+        return result
+
+    def should_compact(self, layers: Mapping[str, int]) -> bool:
+        return layers[DELTA] >= max(self.compact_min_changes, self.compact_ratio * layers[BASE])
+
+
+def _dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
+    c = events.c
+    return [
+        {"reason_code": code, "reason": reason, "table_id": c["table_id"][e], "event_id": c["event_id"][e], "line": c["line"][e], "source_file": c["source_file"][e]}
+        for e, (code, reason) in sorted(dead.items())
+    ]
+
+
+def apply_table(lake_dir: Path, table: TableConfig, events: Events, *, ctx: BatchContext, stage: LatestStateStage) -> TableApply:
+    """Land one batch's events of one table: type, fold, evolve the schema, append; maybe compact."""
+    out = TableApply()
+    path = lake.table_path(lake_dir, table.name)
+    if not (path / "_delta_log").is_dir() or (table.history and not (lake.table_path(lake_dir, table.history_name) / "_delta_log").is_dir()):
+        ensure_tables(lake_dir, table)  # normally done by `setup`; a stage used on its own creates them here
+    current = table_schema(path)
+    rows, bad = change_rows(events, table.key)
+    typed = type_rows(rows, events, source_columns(current), table)
+    for e, code, reason in bad:
+        typed.dead.setdefault(e, (code, reason))
+    out.dead = _dead_rows(events, typed.dead)
+    live = [i for i, r in enumerate(rows) if r.event not in typed.dead]
+    if not live:
+        return out
+    winners = last_per_key([rows[i] for i in live], events)
+    chosen = [live[i] for i in winners] + [i for i in live if rows[i].key is None]
+    out.tombstones = sum(1 for i in chosen if rows[i].deleted and rows[i].key is not None)
+    out.truncates = sum(1 for i in chosen if rows[i].key is None)
+
+    state = lake.open_table(path)
+    app = ctx.app_id(table.name)
+    if not lake.already_committed(state, app, ctx.batch_id):
+        target, rewrite = _evolved(current, typed.columns, META_FIELDS)
+        if rewrite:
+            widen(path, target, [LAYER])
+            state = lake.open_table(path)
+        out.added_columns, out.widened_columns = len(typed.added), len(typed.widened)
+        data = conform(build_rows(typed, events, sorted(chosen), table.key, seq=state.version() + 1), target)
+        lake.with_retries(
+            lambda: write_deltalake(
+                lake.open_table(path), data, mode="append", schema_mode="merge", partition_by=[LAYER],
+                commit_properties=lake.commit_props(app, ctx.batch_id, stage=STAGE),
+            ),
+            what=f"append to {table.name}",
+        )
+        out.rows = data.num_rows
+        layers = _layer_rows(lake.open_table(path))
+        if stage.should_compact(layers):
+            t0 = time.perf_counter()
+            out.compacted = compact(path, table).folded
+            out.compact_seconds = time.perf_counter() - t0
+
+    if table.history:
+        hpath = lake.table_path(lake_dir, table.history_name)
+        history = lake.open_table(hpath)
+        happ = ctx.app_id(table.history_name)
+        if not lake.already_committed(history, happ, ctx.batch_id):
+            target, rewrite = _evolved(table_schema(hpath), typed.columns, HISTORY_META)
+            if rewrite:
+                widen(hpath, target, None)
+                history = lake.open_table(hpath)
+            data = conform(build_rows(typed, events, live, table.key, seq=history.version() + 1, history=True), target)
+            lake.with_retries(
+                lambda: write_deltalake(
+                    lake.open_table(hpath), data, mode="append", schema_mode="merge",
+                    commit_properties=lake.commit_props(happ, ctx.batch_id, stage=STAGE),
+                ),
+                what=f"append to {table.history_name}",
+            )
+            out.history_rows = data.num_rows
+    return out
+
+
+# --- Compaction, purge, rebuild ----------------------------------------------------------------------
+
+@dataclass
+class CompactReport:
+    folded: int = 0  # delta rows folded into the base
+    base_rows: int = 0
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+def _key_filter(key: Sequence[str], *, null: bool) -> pc.Expression:
+    expr: pc.Expression | None = None
+    for k in key:
+        part = pc.field(k).is_null() if null else pc.field(k).is_valid()
+        expr = part if expr is None else (expr & part)
+    assert expr is not None
+    return expr
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _delta_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def fold_latest(rows: pa.Table, key: Sequence[str]) -> pa.Table:
+    """One row per key: the highest `_position`; on a tie, the one applied first (lowest `_seq`)."""
+    if rows.num_rows == 0:
+        return rows
+    order = pc.sort_indices(rows, sort_keys=[*((k, "ascending") for k in key), ("_position", "descending"), ("_seq", "ascending")])
+    s = rows.take(order)
+    n = s.num_rows
+    first = pa.array([True] * n) if n == 1 else None
+    if first is None:
+        changed: pa.Array | None = None
+        for k in key:
+            col = s.column(k).combine_chunks()
+            diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
+            changed = diff if changed is None else pc.or_(changed, diff)
+        assert changed is not None
+        first = pa.concat_arrays([pa.array([True]), changed])
+    return s.filter(first)
+
+
+def compact(path: Path, table: TableConfig) -> CompactReport:
+    """Fold the delta layer into the base: MERGE by key where the change's position is higher, then
+    drop the folded delta rows. Safe to repeat and to interrupt: until the DELETE commits, the view folds
+    the same rows from both layers to the same answer.
+    """
+    t0 = time.perf_counter()
+    report = CompactReport()
+    state = lake.open_table(path)
+    schema = pa.schema(state.schema().to_arrow())
+    src_cols = source_columns(schema)
+    if not all(k in src_cols for k in table.key):
+        return report
+    delta = state.to_pyarrow_dataset().to_table(filter=pc.field(LAYER) == DELTA)
+    if delta.num_rows == 0:
+        return report
+    delta = conform(delta, schema)
+    top_seq = int(pc.max(delta.column("_seq")).as_py())
+    markers = delta.filter(_key_filter(table.key, null=True) & (pc.field("_op") == "t"))
+    changes = fold_latest(delta.filter(_key_filter(table.key, null=False)), table.key)
+
+    base_marker = _newest_marker(state, table.key)
+    new_marker = _newest(markers) if markers.num_rows else None
+    truncate_now = new_marker is not None and (base_marker is None or new_marker.column("_position")[0].as_py() > base_marker["_position"])
+    cut = new_marker.to_pylist()[0] if truncate_now and new_marker is not None else base_marker
+    if cut is not None:
+        changes = _tombstone_below(changes, cut, table.key, src_cols)
+    if truncate_now and cut is not None and new_marker is not None:
+        _truncate_base(path, cut, table.key, src_cols)  # every stored row below the new truncate
+        report.truncated = True
+        changes = pa.concat_tables([changes, new_marker])
+
+    source = changes.set_column(changes.schema.get_field_index(LAYER), LAYER, pa.array([BASE] * changes.num_rows, pa.string()))
+    on = " AND ".join(f"t.{_delta_ident(k)} = s.{_delta_ident(k)}" for k in table.key)
+    predicate = f"t.{_delta_ident(LAYER)} = '{BASE}' AND {on}"
+
+    def merge() -> dict[str, Any]:
+        return (
+            lake.open_table(path)
+            .merge(source, predicate, source_alias="s", target_alias="t", commit_properties=lake.commit_props(None, None, cdc_operation="compact"))
+            .when_matched_update_all(predicate="s._position > t._position")
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    lake.with_retries(merge, what=f"compact {path.name}")
+    lake.with_retries(
+        lambda: lake.open_table(path).delete(f"{_delta_ident(LAYER)} = '{DELTA}' AND _seq <= {top_seq}"),
+        what=f"drop folded changes of {path.name}",
+    )
+    report.folded = delta.num_rows
+    report.base_rows = _layer_rows(lake.open_table(path))[BASE]
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _newest(rows: pa.Table) -> pa.Table:
+    """The one row with the highest `_position`."""
+    return rows.slice(pc.index(rows.column("_position"), pc.max(rows.column("_position"))).as_py(), 1)
+
+
+def _newest_marker(state: DeltaTable, key: Sequence[str]) -> dict[str, Any] | None:
+    base = state.to_pyarrow_dataset().to_table(
+        filter=(pc.field(LAYER) == BASE) & _key_filter(key, null=True) & (pc.field("_op") == "t"),
+        columns=["_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id"],
+    )
+    if base.num_rows == 0:
+        return None
+    return _newest(base).to_pylist()[0]
+
+
+def _tombstone_below(rows: pa.Table, cut: Mapping[str, Any], key: Sequence[str], src_cols: Mapping[str, pa.DataType]) -> pa.Table:
+    """Rows below a truncate become the truncate's tombstones: key kept, values gone, its metadata."""
+    below = pc.less(rows.column("_position"), cut["_position"])
+    if not pc.any(below).as_py():
+        return rows
+    out = rows
+    for col, dtype in src_cols.items():
+        if col in key:
+            continue
+        i = out.schema.get_field_index(col)
+        out = out.set_column(i, col, pc.if_else(below, pa.scalar(None, out.schema.field(col).type), out.column(col)))
+    replace = {"_op": "t", "_deleted": True, "_position": cut["_position"], "_source_ts": cut["_source_ts"],
+               "_transaction_id": cut["_transaction_id"], "_ingested_at": cut["_ingested_at"], "_event_id": cut["_event_id"]}
+    for col, value in replace.items():
+        i = out.schema.get_field_index(col)
+        typ = out.schema.field(col).type
+        out = out.set_column(i, col, pc.if_else(below, pa.scalar(value, typ), out.column(col)))
+    return out
+
+
+def _ts_literal(value: dt.datetime | None) -> str:
+    if value is None:
+        return "NULL"
+    return f"arrow_cast('{value.astimezone(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%f')}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+def _truncate_base(path: Path, cut: Mapping[str, Any], key: Sequence[str], src_cols: Mapping[str, pa.DataType]) -> None:
+    updates = {_delta_ident(c): "NULL" for c in src_cols if c not in key}
+    updates |= {
+        "_op": "'t'",
+        "_deleted": "true",
+        "_position": _sql_string(cut["_position"]),
+        "_source_ts": _ts_literal(cut["_source_ts"]),
+        "_transaction_id": "NULL" if cut["_transaction_id"] is None else _sql_string(cut["_transaction_id"]),
+        "_ingested_at": _ts_literal(cut["_ingested_at"]),
+        "_event_id": _sql_string(cut["_event_id"]),
+    }
+    keys_present = " AND ".join(f"{_delta_ident(k)} IS NOT NULL" for k in key)
+    predicate = f"{_delta_ident(LAYER)} = '{BASE}' AND {keys_present} AND _position < {_sql_string(cut['_position'])}"
+    lake.with_retries(lambda: lake.open_table(path).update(updates=updates, predicate=predicate), what=f"truncate {path.name}")
+
+
+def purge_tombstones(path: Path, table: TableConfig, now: dt.datetime | None = None) -> int:
+    """Delete base tombstones (and truncate markers) landed more than `tombstone_retention` ago.
+
+    After this, a change older than a purged tombstone that still arrives would bring its row back:
+    the retention is the promise of how late a stale change may be.
+    """
+    now = now or dt.datetime.now(dt.timezone.utc)
+    cutoff = now - dt.timedelta(seconds=table.tombstone_retention)
+    predicate = f"{_delta_ident(LAYER)} = '{BASE}' AND _deleted AND _ingested_at < {_ts_literal(cutoff)}"
+    metrics = lake.with_retries(lambda: lake.open_table(path).delete(predicate), what=f"purge tombstones of {path.name}")
+    return int((metrics or {}).get("num_deleted_rows", 0))
+
+
+@dataclass
+class RebuildReport:
+    events: int = 0
+    rows: int = 0
+    history_rows: int = 0
+    dead_letters: int = 0
+    seconds: float = 0.0
+
+
+def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], None] | None = None) -> RebuildReport:
+    """Rebuild `<name>` (and its history) from the raw log, letting the newest type of each column win.
+
+    Stop the stream first: the rebuild replaces the table in one commit, and a batch appended meanwhile
+    would be lost from it (it stays in the raw log, so a second rebuild recovers it).
+    """
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    table = config.table(name)
+    raw_path = lake.table_path(config.lake, RAW)
+    if not lake.exists(raw_path):
+        raise LakeError(f"{config.lake} has no raw_change_events; run `cdc run --config ...` before `cdc rebuild`")
+    raw = lake.open_table(raw_path).to_pyarrow_dataset().to_table(filter=pc.field("table_id") == table.source)
+    events = Events(raw)
+    say(f"rebuilding {name} from {len(events):,} raw events of {table.source} ...")
+    rows, bad = change_rows(events, table.key)
+    typed = type_rows(rows, events, {}, table, coerce=True)
+    for e, code, reason in bad:
+        typed.dead.setdefault(e, (code, reason))
+    live = [i for i, r in enumerate(rows) if r.event not in typed.dead]
+    winners = [live[i] for i in last_per_key([rows[i] for i in live], events)]
+    markers = [i for i in live if rows[i].key is None]
+    report = RebuildReport(events=len(events), dead_letters=len(typed.dead))
+
+    ensure_tables(config.lake, table)
+    path = lake.table_path(config.lake, name)
+    state = build_rows(typed, events, sorted(winners + markers), table.key, seq=0)
+    state = state.set_column(state.schema.get_field_index(LAYER), LAYER, pa.array([BASE] * state.num_rows, pa.string()))
+    if markers and all(k in typed.columns for k in table.key):
+        newest = _newest(state.filter(_key_filter(table.key, null=True)))
+        keyed = state.filter(_key_filter(table.key, null=False))
+        state = pa.concat_tables([_tombstone_below(keyed, newest.to_pylist()[0], table.key, typed.columns), newest])
+    lake.with_retries(
+        lambda: write_deltalake(lake.open_table(path), state, mode="overwrite", schema_mode="overwrite", partition_by=[LAYER],
+                                commit_properties=lake.commit_props(None, None, cdc_operation="rebuild")),
+        what=f"rebuild {name}",
+    )
+    report.rows = state.num_rows
+    if table.history:
+        hpath = lake.table_path(config.lake, table.history_name)
+        hist = build_rows(typed, events, live, table.key, seq=0, history=True)
+        lake.with_retries(
+            lambda: write_deltalake(lake.open_table(hpath), hist, mode="overwrite", schema_mode="overwrite",
+                                    commit_properties=lake.commit_props(None, None, cdc_operation="rebuild")),
+            what=f"rebuild {table.history_name}",
+        )
+        report.history_rows = hist.num_rows
+    if typed.dead:
+        dead = dead_letter_rows(_dead_rows(events, typed.dead), stage="rebuild", batch_id=None)
+        dl = lake.ensure_table(lake.table_path(config.lake, "dead_letter"), schemas.DEAD_LETTER)
+        lake.with_retries(lambda: write_deltalake(dl, dead, mode="append"), what="append rebuild dead letters")
+    report.seconds = time.perf_counter() - t0
+    say(f"rebuilt {name}: {report.rows:,} rows (tombstones included), {report.history_rows:,} history rows, "
+        f"{report.dead_letters:,} events dead-lettered, {report.seconds:.1f} s")
+    return report
+
+
+# --- Views ---------------------------------------------------------------------------------------
+
+def stored_view_name(name: str) -> str:
+    return f"{name}__stored"
+
+
+def register_views(spark: SparkSession, lake_dir: Path) -> list[str]:
+    """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
+    latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
+    """
+    names: list[str] = []
+    present = lake.lake_tables(lake_dir)
+    for table in lake.registered_tables(lake_dir):
+        if table.name not in present:
+            continue
+        path = present[table.name]
+        schema = table_schema(path)
+        stored = stored_view_name(table.name)
+        lake.read_table(spark, path).createOrReplaceTempView(lake.quote_identifier(stored))
+        names.append(stored)
+        columns = source_columns(schema)
+        statements = views.latest_state_views(table, columns, stored, salt=mask_salt(table))
+        if table.history and table.history_name in present:
+            hpath = present[table.history_name]
+            hstored = stored_view_name(table.history_name)
+            lake.read_table(spark, hpath).createOrReplaceTempView(lake.quote_identifier(hstored))
+            names.append(hstored)
+            hcols = source_columns(table_schema(hpath), HISTORY_META)
+            statements.append((table.history_name, views.history_sql(hstored, hcols, table.key)))
+        for view, sql in statements:
+            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
+            if view not in (table.name, table.history_name):
+                names.append(view)
+    return names
