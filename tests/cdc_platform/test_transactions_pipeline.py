@@ -1,0 +1,169 @@
+"""Transaction aggregation inside the pipeline: Delta tables, exactly once, idle time, views and `cdc sql`."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc_platform import lake
+from cdc_platform import transactions as T
+from cdc_platform.cli import main as cdc
+from cdc_platform.config import PlatformConfig
+from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.ingest import BatchContext, IngestJob
+from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
+
+TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"], "mask": ["pos"]}}
+
+
+def rows(cfg: PlatformConfig, table: str) -> list[dict[str, Any]]:
+    return lake.open_table(lake.table_path(cfg.lake, table)).to_pyarrow_table().to_pylist()
+
+
+def sql_json(capsys: pytest.CaptureFixture[str], cfg: PlatformConfig, query: str) -> list[dict[str, Any]]:
+    capsys.readouterr()
+    assert cdc(["sql", "--lake", str(cfg.lake), "--format", "json", query]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complete(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], run_pipeline: Callable[..., Any],
+    spark: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    def query(_cfg: PlatformConfig, text: str) -> list[dict[str, Any]]:  # the views `cdc sql` just registered
+        return [r.asDict(recursive=True) for r in spark.sql(text).collect()]
+
+    cfg = make_config(TABLES, transaction_timeout=1)
+    land("payments.charges/part-1.jsonl", [ev(None, "charges", 50, 0.5, row=7), ev("g:1", "charges", 101, 1), ev("g:2", "charges", 201, 2, op="u")])
+    land("payments.audits/part-1.jsonl", [ev("g:1", "audits", 102, 1, order=2)])
+    land("payments.transaction/part-1.jsonl", [begin("g:1", 1), end("g:1", 1, COUNTS), begin("g:2", 2), end("g:2", 2, COUNTS)])
+    run_pipeline(cfg)
+
+    # g:2's charge update has landed, its audit has not: the consistent view still shows g:1's row.
+    view = "SELECT id, pos, _transaction_id FROM charges__consistent_view ORDER BY id"
+    assert sql_json(capsys, cfg, view) == [{"id": 1, "pos": 101, "_transaction_id": "g:1"}, {"id": 7, "pos": 50, "_transaction_id": None}]
+    (wm,) = query(cfg, "SELECT source, position, open_transactions, blocking_transaction_id FROM consistency_watermark")
+    assert wm == {"source": "shop", "position": f"{1:010d}{102:020d}{0:010d}", "open_transactions": 1, "blocking_transaction_id": "g:2"}
+    assert query(cfg, "SELECT count(*) AS n FROM raw_change_events WHERE table_id = 'shop.charges'") == [{"n": 3}]
+
+    time.sleep(1.5)  # longer than the timeout: the gap between two runs is not idleness
+    land("payments.audits/part-2.jsonl", [ev("g:2", "audits", 202, 2, order=2)])
+    land("payments.charges/part-2.jsonl", [ev("g:1", "charges", 101, 1)])  # a redelivery after completion
+    run_pipeline(cfg)
+
+    counts = sql_json(capsys, cfg, (
+        "SELECT (SELECT count(*) FROM transactions) AS complete, (SELECT count(*) FROM incomplete_transactions) AS incomplete, "
+        "(SELECT count(*) FROM late_transaction_events) AS late, (SELECT count(*) FROM consistency_watermark) AS sources, "
+        "(SELECT count(*) FROM open_transactions WHERE entry = 'open') AS open, "
+        "(SELECT count(*) FROM charges__consistent_view) AS charges, (SELECT count(*) FROM audits__consistent_view) AS audits"
+    ))
+    assert counts == [{"complete": 2, "incomplete": 0, "late": 1, "sources": 1, "open": 0, "charges": 2, "audits": 1}]
+    assert query(cfg, view)[0] == {"id": 1, "pos": 201, "_transaction_id": "g:2"}
+    (audit,) = query(cfg, "SELECT * FROM audits__consistent_view")
+    assert audit["_transaction_id"] == "g:2" and len(audit["pos"]) == 64, "masked: a SHA-256"
+    done = query(cfg, "SELECT transaction_id, event_count, events_per_table, events[0].table_id AS first FROM transactions ORDER BY 1")
+    assert done == [
+        {"transaction_id": "g:1", "event_count": 2, "events_per_table": COUNTS, "first": "shop.charges"},
+        {"transaction_id": "g:2", "event_count": 2, "events_per_table": COUNTS, "first": "shop.charges"},
+    ]
+    late = query(cfg, "SELECT transaction_id, fate, kind FROM late_transaction_events")
+    assert late == [{"transaction_id": "g:1", "fate": "completed", "kind": "event"}]
+    (wm,) = query(cfg, "SELECT position, open_transactions FROM consistency_watermark")
+    assert wm == {"position": f"{1:010d}{202:020d}{0:010d}", "open_transactions": 0}
+    metrics = query(cfg, "SELECT stage_figures['transactions.state_rows'] AS state_rows FROM pipeline_metrics")
+    assert metrics and all(m["state_rows"] > 0 for m in metrics)
+
+
+def parsed_table(lines: list[str]) -> pa.Table:
+    return pa.Table.from_batches([rows_to_batch([parse_line(line, "f.jsonl", KEYS) for line in lines])])
+
+
+def versions(cfg: PlatformConfig) -> dict[str, int]:
+    return {name: lake.open_table(path).version() for name, path in lake.lake_tables(cfg.lake).items()}
+
+
+def test_a_crash_between_outputs_and_state_neither_loses_nor_repeats(make_config: Callable[..., PlatformConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_config(TABLES)
+    stage = T.TransactionStage()
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    first = parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
+
+    real = T._overwrite_once
+
+    def crash_on_state(path: Path, *args: Any, **kwargs: Any) -> bool:
+        if path.name == T.OPEN_TRANSACTIONS:
+            raise RuntimeError("killed before the state commit")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(T, "_overwrite_once", crash_on_state)
+    with pytest.raises(RuntimeError):
+        job.process_parsed(first, 0, "query-a")
+    assert [r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)] == ["g:1"]
+    monkeypatch.setattr(T, "_overwrite_once", real)
+
+    restarted = IngestJob(cfg, stages=[T.TransactionStage()])  # a new process: nothing cached
+    restarted.process_parsed(first, 0, "query-a")  # Spark replays the unfinished batch
+    assert [r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)] == ["g:1"]
+    assert [r["transaction_id"] for r in rows(cfg, T.OPEN_TRANSACTIONS) if r["entry"] == T.OPEN] == ["g:2"]
+    before = versions(cfg)
+    restarted.process_parsed(first, 0, "query-a")
+    assert versions(cfg) == before, "a batch whose state is committed commits nothing again"
+    restarted.process_parsed(parsed_table([ev("g:2", "charges", 110, 1, row=2), end("g:2", 1, {"shop.charges": 1})]), 1, "query-a")
+    assert sorted(r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)) == ["g:1", "g:2"]
+
+
+def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(make_config: Callable[..., PlatformConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_config(TABLES, transaction_timeout=1)
+    job = IngestJob(cfg, stages=[T.TransactionStage()])
+    job.setup()
+    job.process_parsed(parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1)]), 0, "query-a")
+    real = T._overwrite_once
+
+    def crash_on_state(path: Path, *args: Any, **kwargs: Any) -> bool:
+        if path.name == T.OPEN_TRANSACTIONS:
+            raise RuntimeError("killed before the state commit")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(T, "_overwrite_once", crash_on_state)
+    with pytest.raises(RuntimeError):
+        job.stages[0].on_idle(BatchContext(cfg, "query-a", 0), 5.0)  # type: ignore[attr-defined]
+    monkeypatch.setattr(T, "_overwrite_once", real)
+
+    stage = T.TransactionStage()
+    IngestJob(cfg, stages=[stage]).process_parsed(parsed_table([end("g:1", 1, {"shop.charges": 1})]), 1, "query-a")
+    assert [(r["transaction_id"], r["expired_by"]) for r in rows(cfg, T.INCOMPLETE)] == [("g:1", T.PROCESSING_TIME)]
+    assert rows(cfg, T.TRANSACTIONS) == [], "expired by idle time: its END arriving later does not complete it"
+    assert [(r["transaction_id"], r["fate"]) for r in rows(cfg, T.LATE)] == [("g:1", "expired")]
+    assert stage.on_idle(BatchContext(cfg, "query-a", 1), 5.0) is None
+
+
+def test_an_idle_stream_times_out_open_transactions(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any
+) -> None:
+    cfg = make_config(TABLES, transaction_timeout=1)
+    land("payments.transaction/part-1.jsonl", [begin("g:1", 1)])
+    land("payments.charges/part-1.jsonl", [ev("g:1", "charges", 101, 1)])
+    job = IngestJob(cfg)
+    runner = threading.Thread(target=job.run_continuously, kwargs={"spark": spark, "interval": "200 milliseconds", "timeout": 120})
+    runner.start()
+    try:
+        deadline = time.monotonic() + 100
+        found: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not found:
+            time.sleep(0.5)
+            if lake.exists(lake.table_path(cfg.lake, T.INCOMPLETE)):
+                found = rows(cfg, T.INCOMPLETE)
+    finally:
+        for query in spark.streams.active:
+            query.stop()
+        runner.join(timeout=60)
+    assert [(r["transaction_id"], r["reason"], r["expired_by"]) for r in found] == [("g:1", T.MISSING_END, T.PROCESSING_TIME)]
+    assert job.reports and job._failure is None
