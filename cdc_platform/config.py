@@ -47,6 +47,8 @@ _TOP_KEYS = {
     "max_files_per_trigger",
     "transaction_timeout",
     "transaction_retention",
+    "snapshots",
+    "freshness_slo",
 }
 _TABLE_KEYS = {"key", "mask", "name", "mask_mode", "mask_salt_env", "history", "tombstone_retention"}
 MASK_MODES = ("hash", "remove")
@@ -136,6 +138,8 @@ class PlatformConfig:
     transaction_timeout: float = 60.0
     #: How long (event time) a finished transaction is remembered so late arrivals get its fate; None: 5 x timeout.
     transaction_retention: float | None = None
+    snapshots: Path | None = None  # backfill snapshots, `<snapshots>/<table name>/`; default `<config dir>/snapshots`
+    freshness_slo: float = 900.0  # seconds from a source commit to the lake before the freshness check fails
     source_file: Path | None = field(default=None, compare=False)
 
     @property
@@ -245,6 +249,10 @@ def parse_config(
     timeout = raw.get("transaction_timeout", 60)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ConfigError(f"{where}: `transaction_timeout` must be a positive number of seconds, got {timeout!r}")
+    slo = raw.get("freshness_slo", 900)
+    if not isinstance(slo, (int, float)) or isinstance(slo, bool) or slo <= 0:
+        raise ConfigError(f"{where}: `freshness_slo` must be a positive number of seconds, got {slo!r}")
+
     retention = raw.get("transaction_retention")
     if retention is not None and (not isinstance(retention, (int, float)) or isinstance(retention, bool) or retention < timeout):
         raise ConfigError(
@@ -260,6 +268,8 @@ def parse_config(
         max_files_per_trigger=max_files,
         transaction_timeout=float(timeout),
         transaction_retention=None if retention is None else float(retention),
+        snapshots=path_of("snapshots", None) or (base / "snapshots").resolve(),
+        freshness_slo=float(slo),
         source_file=source_file,
     )
 

@@ -1,0 +1,264 @@
+"""Backfill: load a snapshot of a source table into the raw log and the latest state, never over newer data.
+
+A snapshot is what the table held at one source position (its *as-of*). Netflix DBLog's rule decides
+which rows may land: a snapshot row whose key has a change in the log at a higher position is stale and
+is dropped, whether that change is an update or a delete, so a backfill can neither overwrite a newer
+row nor resurrect a deleted one. The rule is checked against the raw log, which keeps every delete, so
+it holds even after maintenance has purged the latest state's tombstones; and the rows that do land are
+applied by the same position-ordered merge as the stream, so a change that lands while the backfill
+runs still wins by position.
+
+Inputs, under `<snapshots>/<table name>/` (config `snapshots:`, default `<config dir>/snapshots`):
+
+* `*.jsonl` / `*.json`: Debezium events (typically `op` r from an initial or ad-hoc snapshot), each
+  carrying its own position;
+* `*.csv` / `*.parquet`: plain rows, plus `as_of.json` naming the source position of the snapshot in the
+  connector's own terms, e.g. `{"connector": "mysql", "file": "mysql-bin.000003", "pos": 4821}` or
+  `{"connector": "postgresql", "lsn": 34078720}`, and optionally `ts_ms`.
+
+Every row goes through the same parser as the stream (`envelope.parse_line`), so keys and positions are
+normalised exactly as streamed events are; rows it rejects become dead letters (stage `backfill`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from cdc_platform import lake
+from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.errors import ConfigError, LakeError
+from cdc_platform.ingest import DEAD_LETTER, RAW, BatchContext, dead_letter_rows, split_parsed
+
+STAGE = "backfill"
+AS_OF_FILE = "as_of.json"
+_SCHEMA_NAMESPACE = frozenset({"postgresql", "sqlserver", "oracle", "db2"})
+SAMPLE_KEYS = 10
+
+
+@dataclass
+class SnapshotDiff:
+    """What a snapshot load did (or, on a dry run, would do) to one table."""
+
+    table: str
+    snapshot_rows: int = 0
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    skipped_stale: int = 0  # the log has a newer change to the key
+    skipped_deleted: int = 0  # ... and that change is (or led to) a delete
+    invalid: int = 0  # rows the parser rejected (dead letters when committed)
+    dry_run: bool = False
+    committed: bool = False
+    samples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def applied(self) -> int:
+        return self.inserted + self.updated + self.unchanged
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "snapshot_rows": self.snapshot_rows, "inserted": self.inserted, "updated": self.updated, "unchanged": self.unchanged,
+            "skipped_stale": self.skipped_stale, "skipped_deleted": self.skipped_deleted, "invalid": self.invalid,
+            "dry_run": self.dry_run, "committed": self.committed, "sample_keys": self.samples,
+        }
+
+    def summary(self) -> str:
+        verb = "would insert" if self.dry_run else "inserted"
+        return (f"{self.table}: {self.snapshot_rows:,} snapshot rows; {verb} {self.inserted:,}, updated {self.updated:,}, "
+                f"unchanged {self.unchanged:,}; skipped {self.skipped_stale:,} stale and {self.skipped_deleted:,} deleted in the log; "
+                f"{self.invalid:,} invalid" + (" (dry run: nothing committed)" if self.dry_run else ""))
+
+
+def snapshot_dir(config: PlatformConfig, table: TableConfig) -> Path:
+    base = config.snapshots if config.snapshots is not None else config.lake.parent / "snapshots"
+    return base / table.name
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def _as_of(directory: Path) -> dict[str, Any]:
+    path = directory / AS_OF_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"{directory} has CSV/Parquet rows but no {AS_OF_FILE}; add one naming the snapshot's source position, "
+            'e.g. {"connector": "mysql", "file": "mysql-bin.000003", "pos": 4821} or {"connector": "postgresql", "lsn": 34078720}'
+        )
+    try:
+        as_of = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc})") from exc
+    if not isinstance(as_of, dict) or not isinstance(as_of.get("connector"), str):
+        raise ConfigError(f"{path} must be an object with at least `connector` and the connector's position fields")
+    return as_of
+
+
+def _row_lines(rows: list[dict[str, Any]], table: TableConfig, as_of: dict[str, Any]) -> Iterator[str]:
+    """Plain rows as Debezium snapshot reads at the as-of position, so the stream's parser normalises them."""
+    namespace, name = table.source.split(".", 1)
+    connector = as_of["connector"]
+    source = {k: v for k, v in as_of.items()}
+    source |= {"table": name, "snapshot": "true", ("schema" if connector in _SCHEMA_NAMESPACE else "db"): namespace}
+    if connector in _SCHEMA_NAMESPACE:
+        source.setdefault("db", namespace)
+    ts = as_of.get("ts_ms")
+    for row in rows:
+        envelope = {"before": None, "after": row, "source": source, "op": "r", "ts_ms": ts, "transaction": None}
+        yield json.dumps(envelope, default=_json_default, ensure_ascii=False)
+
+
+def read_snapshot(config: PlatformConfig, table: TableConfig) -> list[tuple[str, str]]:
+    """All snapshot lines of a table as (line, source file), in file-name order."""
+    directory = snapshot_dir(config, table)
+    if not directory.is_dir():
+        raise ConfigError(f"no snapshot for {table.name}: put Debezium JSONL, or CSV/Parquet plus {AS_OF_FILE}, in {directory}")
+    lines: list[tuple[str, str]] = []
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != AS_OF_FILE and not p.name.startswith((".", "_")))
+    for path in files:
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            lines += [(line, str(path)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        elif suffix in (".csv", ".parquet"):
+            data = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
+            lines += [(line, str(path)) for line in _row_lines(data.to_pylist(), table, _as_of(directory))]
+        else:
+            raise ConfigError(f"{path}: unsupported snapshot file; use .jsonl/.json (Debezium events) or .csv/.parquet with {AS_OF_FILE}")
+    if not lines:
+        raise ConfigError(f"{directory} holds no snapshot rows")
+    return lines
+
+
+def _newest_raw_positions(config: PlatformConfig, table: TableConfig) -> dict[str, tuple[str, str]]:
+    """Per key, the highest position in the raw log and the op there (DBLog's 'log event in the window')."""
+    raw = lake.open_table(lake.table_path(config.lake, RAW)).to_pyarrow_dataset().to_table(
+        columns=["key", "op", "before", "position", "tx_total_order"], filter=pc.field("table_id") == table.source
+    )
+    newest: dict[str, tuple[str, str]] = {}
+    truncated_at = ""
+    for key, op, before, position in zip(*(raw.column(c).to_pylist() for c in ("key", "op", "before", "position"))):
+        if op == "t":
+            truncated_at = max(truncated_at, position or "")
+            continue
+        if key is None:
+            continue
+        if key not in newest or position > newest[key][0]:
+            newest[key] = (position, op)
+        if op == "u" and before:
+            old = _key_of(json.loads(before), table)
+            if old is not None and old != key and (old not in newest or position > newest[old][0]):
+                newest[old] = (position, "d")  # a key change deletes the old key at this position
+    if truncated_at:
+        newest[""] = (truncated_at, "t")
+    return newest
+
+
+def _key_of(image: dict[str, Any], table: TableConfig) -> str | None:
+    from cdc_platform.envelope import _canonical
+
+    if any(image.get(k) is None for k in table.key):
+        return None
+    return _canonical({k: image[k] for k in table.key})
+
+
+def _state_rows(config: PlatformConfig, table: TableConfig) -> dict[str, dict[str, Any]]:
+    from cdc_platform.latest_state import fold_latest
+
+    path = lake.table_path(config.lake, table.name)
+    if not lake.exists(path):
+        return {}
+    rows = lake.open_table(path).to_pyarrow_table()
+    keyed = rows.filter(pc.invert(pc.is_null(rows.column(table.key[0]))))
+    out = {}
+    for row in fold_latest(keyed, table.key).to_pylist():
+        out[_key_of(row, table) or ""] = row
+    return out
+
+
+def _same_values(state: dict[str, Any], image: dict[str, Any]) -> bool:
+    return all(json.dumps(state.get(c), default=_json_default) == json.dumps(v, default=_json_default) for c, v in image.items() if c in state)
+
+
+def _sample(diff: SnapshotDiff, kind: str, key: str) -> None:
+    keys = diff.samples.setdefault(kind, [])
+    if len(keys) < SAMPLE_KEYS:
+        keys.append(key)
+
+
+def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, progress: Callable[[str], None] | None = None) -> SnapshotDiff:
+    """Load `<snapshots>/<name>/` into the raw log and the latest state; with `dry_run`, only report the diff."""
+    from cdc_platform.latest_state import Events, LatestStateStage, apply_table
+
+    say = progress or (lambda _m: None)
+    table = config.table(name)
+    if not lake.exists(lake.table_path(config.lake, RAW)):
+        raise LakeError(f"{config.lake} has no raw_change_events yet; run `cdc run` once before a backfill")
+    lines = read_snapshot(config, table)
+    keys = KeySpec({table.source: table.key})
+    parsed = pa.Table.from_batches([rows_to_batch([parse_line(line, src, keys) for line, src in lines])])
+    batch = split_parsed(parsed, batch_id=0)
+    events = batch.events.filter(pc.equal(batch.events.column("table_id"), table.source))
+    stray = batch.events.num_rows - events.num_rows
+    diff = SnapshotDiff(table=name, snapshot_rows=len(lines), invalid=batch.dead_letters.num_rows + batch.markers.num_rows + stray, dry_run=dry_run)
+
+    newest = _newest_raw_positions(config, table)
+    truncated_at = newest.get("", ("", ""))[0]
+    state = _state_rows(config, table)
+    keep: list[int] = []
+    for i, (key, position, op, after) in enumerate(zip(*(events.column(c).to_pylist() for c in ("key", "position", "op", "after")))):
+        logged = newest.get(key)
+        if (logged is not None and logged[0] > position) or truncated_at > position:
+            deleted = truncated_at > position or (logged is not None and logged[1] == "d") or bool(state.get(key, {}).get("_deleted"))
+            kind = "skipped_deleted" if deleted else "skipped_stale"
+        elif op == "d":
+            kind = "updated"
+            keep.append(i)
+        else:
+            current = state.get(key)
+            if current is None or current.get("_deleted"):
+                kind = "inserted"
+            elif current.get("_position", "") >= position:
+                kind = "unchanged" if _same_values(current, json.loads(after or "{}")) else "skipped_stale"
+            else:
+                kind = "unchanged" if _same_values(current, json.loads(after or "{}")) else "updated"
+            if kind != "skipped_stale":
+                keep.append(i)
+        setattr(diff, kind, getattr(diff, kind) + 1)
+        _sample(diff, kind, key)
+    say(diff.summary())
+    if dry_run:
+        return diff
+
+    kept = events.take(pa.array(keep, pa.int64()))
+    fingerprint = hashlib.blake2b("\n".join(sorted(kept.column("event_id").to_pylist())).encode(), digest_size=8).hexdigest()
+    ctx = BatchContext(config, query_id=f"backfill-{name}-{fingerprint}", batch_id=0)
+    lake.insert_new_once(lake.table_path(config.lake, RAW), kept, "event_id", "event_date", ctx.app_id(RAW), 0)
+    applied = apply_table(config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
+    dead = [batch.dead_letters]
+    if applied is not None and applied.dead:
+        dead.append(dead_letter_rows(applied.dead, stage=STAGE, batch_id=None))
+    dead_rows = pa.concat_tables(dead)
+    if dead_rows.num_rows:
+        dead_rows = dead_rows.set_column(dead_rows.schema.get_field_index("stage"), "stage", pa.array([STAGE] * dead_rows.num_rows))
+        lake.append_once(lake.table_path(config.lake, DEAD_LETTER), dead_rows, ctx.app_id(DEAD_LETTER), 0)
+    diff.committed = True
+    return diff

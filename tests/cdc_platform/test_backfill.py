@@ -1,0 +1,103 @@
+"""Snapshot backfills never overwrite newer data nor resurrect deleted keys (DBLog's rule); dry runs commit nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform import backfill, lake
+from cdc_platform.errors import ConfigError
+
+CUSTOMERS = {"payments.customers": {"key": ["id"]}}
+
+
+def event(op: str, row_id: int, pos: int, name: str) -> str:
+    image = {"id": row_id, "name": name}
+    return json.dumps({
+        "before": image if op in ("u", "d") else None, "after": None if op == "d" else image, "op": op,
+        "source": {"connector": "mysql", "name": "payments", "db": "payments", "table": "customers",
+                   "ts_ms": 1767225600000 + pos, "file": "mysql-bin.000003", "pos": pos, "row": 0},
+        "ts_ms": 1767225600500 + pos, "transaction": None,
+    })
+
+
+@pytest.fixture
+def streamed(make_config, land, run_pipeline, tmp_path) -> Any:
+    cfg = make_config(CUSTOMERS)
+    land(None, [event("c", 1, 100, "ann"), event("c", 2, 150, "bob"), event("d", 2, 250, "bob"), event("u", 1, 300, "ann v2")])
+    run_pipeline(cfg)
+    snap = tmp_path / "snapshots" / "customers"
+    snap.mkdir(parents=True)
+    (snap / "rows.csv").write_text("id,name\n1,ann old\n2,bob\n3,cy\n4,dee\n")
+    (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 200, "ts_ms": 1767225600200}))
+    return cfg
+
+
+def versions(cfg) -> dict[str, int]:
+    return {n: lake.open_table(p).version() for n, p in lake.lake_tables(cfg.lake).items()}
+
+
+def full_view(query, cfg) -> dict[int, str]:
+    return {r["id"]: r["name"] for r in query(cfg, "SELECT id, name FROM customers__full_view")}
+
+
+def test_dry_run_reports_the_diff_and_commits_nothing(streamed) -> None:
+    before = versions(streamed)
+    diff = backfill.load_snapshot(streamed, "customers", dry_run=True)
+    assert (diff.snapshot_rows, diff.inserted, diff.updated, diff.skipped_stale, diff.skipped_deleted) == (4, 2, 0, 1, 1)
+    assert diff.samples["inserted"] == ['{"id":3}', '{"id":4}'] and diff.samples["skipped_deleted"] == ['{"id":2}']
+    assert not diff.committed and "dry run" in diff.summary()
+    assert versions(streamed) == before
+
+
+def test_an_older_snapshot_leaves_newer_changes_intact(streamed, query) -> None:
+    diff = backfill.load_snapshot(streamed, "customers")
+    assert diff.committed and diff.inserted == 2
+    assert full_view(query, streamed) == {1: "ann v2", 3: "cy", 4: "dee"}, "id 1 keeps its newer update, id 2 stays deleted"
+    raw = query(streamed, "SELECT key, op, snapshot FROM raw_change_events WHERE snapshot ORDER BY key")
+    assert raw == [{"key": '{"id":3}', "op": "r", "snapshot": True}, {"key": '{"id":4}', "op": "r", "snapshot": True}]
+    before = versions(streamed)
+    again = backfill.load_snapshot(streamed, "customers")
+    assert again.unchanged == 2 and versions(streamed) == before, "the same snapshot twice commits nothing"
+
+
+def test_no_resurrection_after_tombstones_are_purged(streamed, query) -> None:
+    from cdc_platform.latest_state import compact, purge_tombstones
+
+    table = streamed.table("customers")
+    path = lake.table_path(streamed.lake, "customers")
+    compact(path, table)
+    assert purge_tombstones(path, table, now=dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc)) == 1
+    diff = backfill.load_snapshot(streamed, "customers")
+    assert diff.skipped_deleted == 1
+    assert 2 not in full_view(query, streamed), "the raw log still holds the delete"
+
+
+def test_debezium_jsonl_snapshots_carry_their_own_positions(streamed, query) -> None:
+    snap = backfill.snapshot_dir(streamed, streamed.table("customers"))
+    for f in snap.iterdir():
+        f.unlink()
+    (snap / "snap.jsonl").write_text("\n".join([event("r", 1, 400, "ann v3"), event("r", 5, 400, "eve"), "not json"]) + "\n")
+    diff = backfill.load_snapshot(streamed, "customers")
+    assert (diff.updated, diff.inserted, diff.invalid) == (1, 1, 1)
+    assert full_view(query, streamed) == {1: "ann v3", 5: "eve"}
+    dead = query(streamed, "SELECT reason_code, stage FROM dead_letter")
+    assert dead == [{"reason_code": "not_json", "stage": "backfill"}]
+
+
+def test_missing_inputs_are_clear_errors(streamed) -> None:
+    snap = backfill.snapshot_dir(streamed, streamed.table("customers"))
+    (snap / "as_of.json").unlink()
+    with pytest.raises(ConfigError, match="no as_of.json"):
+        backfill.load_snapshot(streamed, "customers", dry_run=True)
+    for f in snap.iterdir():
+        f.unlink()
+    snap.rmdir()
+    with pytest.raises(ConfigError, match="no snapshot for customers"):
+        backfill.load_snapshot(streamed, "customers", dry_run=True)
+    with pytest.raises(ConfigError, match="no configured table is named 'nope'"):
+        backfill.load_snapshot(streamed, "nope")
