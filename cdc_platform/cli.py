@@ -182,6 +182,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from cdc_platform.latest_state import rebuild_table
+
+    config = _config(args)
+    rebuild_table(config, args.table, progress=_say)
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from cdc_platform.lake import registered_tables
+    from cdc_platform.maintenance import maintain
+
+    from cdc_platform.config import resolve_config_path
+    from cdc_platform.errors import ConfigError
+
+    if args.lake and not args.config:
+        lake_dir = Path(args.lake).resolve()
+        tables = registered_tables(lake_dir)  # the lake says which tables are latest-state tables
+    elif resolve_config_path(args.config) is not None:
+        config = load_config(args.config, lake=args.lake)
+        configured = {t.name for t in config.tables}
+        lake_dir = config.lake
+        tables = config.tables + tuple(t for t in registered_tables(lake_dir) if t.name not in configured)
+    else:
+        raise ConfigError("cdc maintain needs the lake: pass --lake DIR, or --config FILE (or set CDC_CONFIG)")
+    _say(f"maintaining {lake_dir} (vacuum keeps files removed less than {args.vacuum_hours:g} hours ago) ...")
+    reports = maintain(lake_dir, tables=tables, vacuum_hours=args.vacuum_hours, progress=print)
+    _say(f"done: {len(reports)} tables")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc", description="Lakehouse change-data-capture platform (Debezium -> Spark -> Delta).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -218,6 +249,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transactions", type=int, default=500)
     p.add_argument("--seed", type=int, default=7)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("rebuild", help="rebuild a latest-state table (and its history) from the raw log; stop the stream first")
+    add_paths(p)
+    p.add_argument("--table", required=True, help="lake name of the table, e.g. customers")
+    p.set_defaults(func=cmd_rebuild)
+
+    p = sub.add_parser("maintain", help="fold pending changes, purge expired tombstones, compact small files, vacuum")
+    p.add_argument("--lake", help="lake directory (its registry names the tables); or use --config")
+    p.add_argument("--config", help="cdc.yaml (default: $CDC_CONFIG when --lake is not given)")
+    p.add_argument("--vacuum-hours", type=float, default=168.0, help="keep unreferenced files younger than this (default 168 = 7 days)")
+    p.set_defaults(func=cmd_maintain)
     return parser
 
 

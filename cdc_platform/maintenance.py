@@ -1,0 +1,115 @@
+"""Maintenance (`cdc maintain`): fold pending changes, purge expired tombstones, compact small files, vacuum.
+
+Why each step:
+
+* Fold: the latest-state tables are merge-on-read (see latest_state.py). The stream folds the delta
+  layer into the base on its own once it passes a threshold; folding here as well keeps the views'
+  work minimal between bursts and is the moment tombstones can be judged.
+* Purge: a tombstone keeps a stale change from resurrecting its row. Keeping tombstones forever grows the
+  base with dead keys, so those older than the table's `tombstone_retention` go; a change arriving later
+  than that may resurrect its row, which is the promise the retention states.
+* Compact: every micro-batch appends at least one small file to each table it touches; many small files
+  make every scan slow. delta-rs `optimize.compact` bins them into large ones without changing a row.
+* Vacuum: compaction and MERGE leave unreferenced files behind; after `vacuum_hours` (default 7 days, so
+  a reader holding an older snapshot keeps working) they are deleted.
+
+Every step is an ordinary Delta commit, safe to run while the stream runs (a conflicting commit is
+retried), and safe to interrupt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdc_platform import lake, latest_state
+from cdc_platform.config import TableConfig
+from cdc_platform.errors import LakeError
+
+DEFAULT_VACUUM_HOURS = 168.0
+
+
+@dataclass
+class TableMaintenance:
+    """What maintenance did to one table."""
+
+    name: str
+    folded: int = 0
+    purged: int = 0
+    files_before: int = 0
+    files_after: int = 0
+    vacuumed: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = []
+        if self.folded:
+            parts.append(f"folded {self.folded:,} pending changes into the base")
+        if self.purged:
+            parts.append(f"purged {self.purged:,} expired tombstones")
+        if self.files_after != self.files_before:
+            parts.append(f"compacted {self.files_before:,} files into {self.files_after:,}")
+        if self.vacuumed:
+            parts.append(f"vacuumed {self.vacuumed:,} unreferenced files")
+        parts += self.notes
+        return f"{self.name}: {', '.join(parts) if parts else 'nothing to do'} ({self.seconds:.1f} s)"
+
+
+def _file_count(path: Path) -> int:
+    return len(lake.open_table(path).file_uris())
+
+
+def maintain(
+    lake_dir: Path,
+    *,
+    tables: Sequence[TableConfig] | None = None,
+    vacuum_hours: float = DEFAULT_VACUUM_HOURS,
+    now: dt.datetime | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[TableMaintenance]:
+    """Maintain every Delta table of the lake; latest-state tables also get folded and purged.
+
+    `tables` defaults to the lake's registry, so a lake can be maintained without its config file.
+    """
+    say = progress or (lambda _m: None)
+    if not lake_dir.is_dir():
+        raise LakeError(f"lake directory {lake_dir} does not exist; pass the right --lake")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    configured = {t.name: t for t in (tables if tables is not None else lake.registered_tables(lake_dir))}
+    present = lake.lake_tables(lake_dir)
+    reports: list[TableMaintenance] = []
+    for name, path in present.items():
+        t0 = time.perf_counter()
+        report = TableMaintenance(name)
+        table = configured.get(name)
+        if table is not None:
+            folded = latest_state.compact(path, table)
+            report.folded = folded.folded
+            if folded.truncated:
+                report.notes.append("applied a truncate to the base")
+            report.purged = latest_state.purge_tombstones(path, table, now)
+            if report.purged:
+                report.notes.append(f"retention {_duration(table.tombstone_retention)}")
+        report.files_before = _file_count(path)
+        lake.with_retries(lambda: lake.open_table(path).optimize.compact(), what=f"compact files of {name}")
+        report.files_after = _file_count(path)
+        removed = lake.with_retries(
+            lambda: lake.open_table(path).vacuum(retention_hours=int(vacuum_hours), dry_run=False, enforce_retention_duration=False),
+            what=f"vacuum {name}",
+        )
+        report.vacuumed = len(removed or [])
+        report.seconds = time.perf_counter() - t0
+        say(report.summary())
+        reports.append(report)
+    return reports
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86_400), ("hours", 3_600), ("minutes", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)} {unit}"
+    return f"{seconds:g} s"

@@ -1,0 +1,90 @@
+"""Typing and folding rules of the latest-state stage, without Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cdc_platform.config import ConfigError, parse_config
+from cdc_platform.latest_state import BadValue, connect_type, fold_latest, infer_type, join_types, type_name
+
+TS = pa.timestamp("us", tz="UTC")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "joined"),
+    [
+        (pa.int32(), pa.int64(), pa.int64()),
+        (pa.int8(), pa.int16(), pa.int16()),
+        (pa.int64(), pa.float64(), pa.float64()),
+        (pa.float32(), pa.float64(), pa.float64()),
+        (pa.int16(), pa.float32(), pa.float32()),
+        (pa.int32(), pa.float32(), pa.float64()),
+        (pa.decimal128(10, 2), pa.decimal128(8, 4), pa.decimal128(12, 4)),
+        (pa.int64(), pa.decimal128(10, 2), pa.decimal128(21, 2)),
+        (pa.int64(), pa.string(), None),
+        (pa.bool_(), pa.int64(), None),
+        (pa.string(), pa.binary(), None),
+        (pa.date32(), TS, None),
+        (pa.float64(), pa.decimal128(10, 2), None),
+        (pa.large_string(), pa.string(), pa.string()),
+    ],
+)
+def test_widening_lattice(a: pa.DataType, b: pa.DataType, joined: pa.DataType | None) -> None:
+    assert join_types(a, b) == joined
+    assert join_types(b, a) == joined
+
+
+def test_json_inference_follows_what_json_says() -> None:
+    assert infer_type(1.0).dtype == pa.float64()  # `1.0` in JSON is a float: weight 1.0 stays double
+    assert infer_type(1).dtype == pa.int64()
+    assert infer_type(True).dtype == pa.bool_()
+    assert infer_type(None) is None
+    nested = infer_type({"a": [1, 2]})
+    assert nested.dtype == pa.string() and nested.convert({"a": [1, 2]}) == '{"a":[1,2]}'
+
+
+def test_connect_types() -> None:
+    dec = connect_type({"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2", "connect.decimal.precision": "6"}})
+    assert dec.dtype == pa.decimal128(6, 2) and dec.convert("/48=") == decimal.Decimal("-1.13")  # 0xFF8F = -113 unscaled
+    with pytest.raises(BadValue):
+        dec.convert(True)
+    ts = connect_type({"type": "int64", "name": "io.debezium.time.MicroTimestamp"})
+    assert ts.dtype == TS and ts.convert(1_000_001) == dt.datetime(1970, 1, 1, 0, 0, 1, 1, tzinfo=dt.timezone.utc)
+    nano = connect_type({"type": "int64", "name": "io.debezium.time.NanoTimestamp"})
+    assert nano.convert(2_000_000_000) == dt.datetime(1970, 1, 1, 0, 0, 2, tzinfo=dt.timezone.utc)
+    assert connect_type({"type": "int64", "name": "io.debezium.time.MicroTime"}).dtype == pa.int64()  # kept in its unit
+    assert connect_type({"type": "struct", "fields": []}).dtype == pa.string()
+    assert connect_type({"type": "bytes"}).convert("AAE=") == b"\x00\x01"
+    with pytest.raises(BadValue):
+        connect_type({"type": "int32"}).convert("12")
+    assert type_name(pa.decimal128(6, 2)) == "decimal(6,2)" and type_name(pa.int16()) == "smallint"
+
+
+def test_fold_latest_prefers_higher_position_then_the_first_applied() -> None:
+    rows = pa.table({
+        "k": [1, 1, 1, 2, 2],
+        "_position": ["b", "c", "c", "a", "a"],
+        "_seq": [1, 3, 2, 5, 4],
+        "v": ["old", "c3", "c2", "a5", "a4"],
+    })
+    assert fold_latest(rows, ["k"]).column("v").to_pylist() == ["c2", "a4"]
+
+
+def test_table_config_keys() -> None:
+    cfg = parse_config({"landing": "l", "lake": "k", "tables": {"s.t": {"key": ["id"], "history": True, "tombstone_retention": "2 days",
+                                                                        "mask": ["e"], "mask_mode": "remove"}}}, base=Path("/tmp"))
+    (t,) = cfg.tables
+    assert (t.history, t.tombstone_retention, t.mask_mode, t.history_name) == (True, 172_800.0, "remove", "t_history")
+    assert type(t).from_registry(t.to_registry()) == t
+    with pytest.raises(ConfigError, match="mask_mode"):
+        parse_config({"landing": "l", "lake": "k", "tables": {"s.t": {"key": ["id"], "mask_mode": "blur"}}}, base=Path("/tmp"))
+    with pytest.raises(ConfigError, match="tombstone_retention"):
+        parse_config({"landing": "l", "lake": "k", "tables": {"s.t": {"key": ["id"], "tombstone_retention": "soon"}}}, base=Path("/tmp"))
+    with pytest.raises(ConfigError, match="t_history"):
+        parse_config({"landing": "l", "lake": "k", "tables": {"s.t": {"key": ["id"], "history": True}, "s.t_history": {"key": ["id"]}}},
+                     base=Path("/tmp"))

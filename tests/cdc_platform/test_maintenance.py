@@ -1,0 +1,79 @@
+"""`cdc maintain`: folding, tombstone purge by retention, small-file compaction, vacuum; and the stream's
+own compaction threshold. The state seen through the views never changes because of maintenance.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow.compute as pc
+
+from cdc_platform import lake
+from cdc_platform.cli import main
+from cdc_platform.latest_state import BASE, DELTA, LAYER, LatestStateStage, purge_tombstones
+from cdc_platform.maintenance import maintain
+from tests.cdc_platform.test_latest_state import Feed, c, d, state, truncate, u
+
+ORDERS = {"shop.orders": {"key": ["id"], "tombstone_retention": "1 hours"}}
+
+
+def layers(cfg) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    table = lake.open_table(lake.table_path(cfg.lake, "orders")).to_pyarrow_table(columns=[LAYER])
+    col = table.column(LAYER).cast("string")
+    return {BASE: int(pc.sum(pc.equal(col, BASE)).as_py() or 0), DELTA: int(pc.sum(pc.equal(col, DELTA)).as_py() or 0)}
+
+
+def test_cdc_maintain_folds_compacts_vacuums_and_keeps_the_state(make_config, query, capsys) -> None:
+    cfg = make_config(ORDERS)
+    feed = Feed(cfg)
+    for i in range(6):
+        feed([c(10 + i, 100 + i, amount=i), u(1, 200 + i, amount=i)])
+    feed([d(10, 300)])
+    before = state(query, cfg)
+    assert layers(cfg)[DELTA] > 0
+    files = len(lake.open_table(lake.table_path(cfg.lake, "raw_change_events")).file_uris())
+    assert main(["maintain", "--lake", str(cfg.lake), "--vacuum-hours", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "orders: folded 13 pending changes into the base" in out
+    assert "raw_change_events: compacted" in out and "vacuumed" in out
+    assert layers(cfg) == {BASE: 7, DELTA: 0}  # 6 + key 1, the delete kept as a tombstone
+    assert len(lake.open_table(lake.table_path(cfg.lake, "raw_change_events")).file_uris()) < files
+    assert state(query, cfg) == before
+    feed([u(10, 250, amount=99)])  # stale change after the delete: the base tombstone still holds
+    assert state(query, cfg) == before
+
+
+def test_expired_tombstones_are_purged_and_live_rows_kept(make_config, query) -> None:
+    cfg = make_config(ORDERS)
+    feed = Feed(cfg)
+    feed([c(1, 100), c(2, 100), c(3, 100)])
+    feed([d(1, 200), truncate(150)])  # the truncate tombstones 2 and 3 too (their position is lower)
+    feed([c(4, 400)])
+    reports = maintain(cfg.lake, vacuum_hours=168)
+    assert {r.name: r.purged for r in reports}["orders"] == 0  # younger than the retention
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)
+    assert purge_tombstones(lake.table_path(cfg.lake, "orders"), cfg.tables[0], now=later) == 4  # 3 tombstones + the marker
+    assert [r["id"] for r in state(query, cfg)] == [4]
+    assert query(cfg, "SELECT count(*) AS n FROM orders WHERE _deleted")[0]["n"] == 0
+
+
+def test_stream_compacts_on_its_own_past_the_threshold(make_config, query) -> None:
+    cfg = make_config(ORDERS)
+    feed = Feed(cfg, stage=LatestStateStage(compact_min_changes=3, compact_ratio=0.5))
+    first = feed([c(1, 1), c(2, 2)])
+    assert layers(cfg) == {BASE: 0, DELTA: 2}
+    second = feed([c(3, 3), u(1, 4, amount=1)])
+    assert layers(cfg) == {BASE: 3, DELTA: 0}
+    assert first.rows_landed["orders"] == 2 and second.rows_landed["orders"] == 2
+    feed([c(4, 5)])
+    assert layers(cfg) == {BASE: 3, DELTA: 1}  # 1 < max(3, 0.5 x 3)
+    assert [r["id"] for r in state(query, cfg)] == [1, 2, 3, 4]
+    metrics = query(cfg, "SELECT stage_figures['latest_state.compacted'] AS folded FROM pipeline_metrics ORDER BY batch_id")
+    assert [m["folded"] for m in metrics] == [0.0, 4.0, 0.0]
+
+
+def test_maintain_needs_a_lake(capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("CDC_CONFIG", raising=False)
+    assert main(["maintain"]) == 2
+    assert "pass --lake DIR" in capsys.readouterr().err
+    assert main(["maintain", "--lake", str(tmp_path / "missing")]) == 2
