@@ -162,3 +162,120 @@ def unconfigured_tables(lake_dir: Path, configured_sources: set[str]) -> dict[st
     ids = lake.open_table(path).to_pyarrow_table(columns=["table_id"])
     counts = ids.group_by("table_id").aggregate([("table_id", "count")]).to_pylist()
     return {r["table_id"]: int(r["table_id_count"]) for r in counts if r["table_id"] not in configured_sources}
+
+
+SAMPLE = 10
+
+
+def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
+    """Every key whose last raw event (by position) leaves it alive is in the latest state at that
+    position, and every live key of the latest state is one of those.
+
+    Computed from the raw log with Spark, independently of the latest-state code: a key change deletes
+    the old key at its position, and a truncate at P deletes every key last changed below P.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from cdc_platform.views import register_lake
+
+    register_lake(spark, lake_dir)
+    state = spark.table(lake.quote_identifier(table.name)).where(F.col(table.key[0]).isNotNull())
+    types = {f.name: f.dataType for f in state.schema.fields}
+    key_type = StructType([StructField(k, types.get(k, StringType())) for k in table.key])
+    key_cols = [F.col(k) for k in table.key]
+    raw = lake.read_table(spark, lake.table_path(lake_dir, "raw_change_events")).where(F.col("table_id") == table.source)
+    events = raw.select(
+        F.from_json("key", key_type).alias("k"), F.from_json("before", key_type).alias("bk"), "op", "position",
+        F.coalesce("tx_total_order", F.lit(0)).alias("ord"),
+    )
+    changes = events.where("op != 't'").select("k", "position", "ord", (F.col("op") != "d").alias("live"))
+    moved = events.where("op = 'u' AND bk IS NOT NULL AND bk != k").select(F.col("bk").alias("k"), "position", "ord", F.lit(False).alias("live"))
+    last = changes.unionByName(moved).groupBy("k").agg(F.max(F.struct("position", "ord", "live")).alias("last"))
+    truncated_at = events.where("op = 't'").agg(F.max("position")).collect()[0][0]
+    expected = last.where(F.col("last.live"))
+    if truncated_at is not None:
+        expected = expected.where(F.col("last.position") >= F.lit(truncated_at))
+    expected = expected.select(F.to_json("k").alias("key"), F.col("last.position").alias("expected_position"))
+    actual = state.select(F.to_json(F.struct(*key_cols)).alias("key"), F.col("_position").alias("state_position"), F.col("_deleted"))
+    joined = expected.join(actual, "key", "full_outer").cache()
+    try:
+        missing = joined.where("expected_position IS NOT NULL AND (state_position IS NULL OR _deleted)")
+        stale = joined.where("expected_position IS NOT NULL AND NOT _deleted AND state_position != expected_position")
+        extra = joined.where("expected_position IS NULL AND state_position IS NOT NULL AND NOT _deleted")
+        n_expected = joined.where("expected_position IS NOT NULL").count()
+        n_state = joined.where("state_position IS NOT NULL AND NOT _deleted").count()
+        counts = {"missing": missing.count(), "wrong_position": stale.count(), "extra": extra.count()}
+        samples = {name: [r["key"] for r in df.select("key").orderBy("key").limit(SAMPLE).collect()]
+                   for name, df in (("missing", missing), ("wrong_position", stale), ("extra", extra)) if counts[name]}
+    finally:
+        joined.unpersist()
+    covered = n_expected - counts["missing"] - counts["wrong_position"]
+    pct = 100.0 * covered / n_expected if n_expected else 100.0
+    meta: dict[str, Any] = {"expected_live_keys": n_expected, "state_live_keys": n_state, "coverage_percent": round(pct, 4), **counts}
+    if samples:
+        meta["mismatched_keys"] = samples
+    if any(counts.values()):
+        parts = [f"{n:,} {name.replace('_', ' ')}" for name, n in counts.items() if n]
+        first = next(iter(samples.values()))[0]
+        return CheckOutcome(False, Severity.ERROR, f"{table.name} differs from its raw log: {', '.join(parts)} (e.g. key {first}); "
+                            f"run `cdc rebuild --table {table.name}` after fixing the cause", meta)
+    return CheckOutcome(True, Severity.ERROR, f"{table.name}: all {n_expected:,} live keys of the raw log are in the latest state at their positions", meta)
+
+
+def completeness(spark: Any, lake_dir: Path, timeout_seconds: float) -> CheckOutcome:
+    """Stripe's completeness measure: for every END older than the timeout (in stream event time), the
+    distinct events landed per table equal the counts END announced; plus transactions that expired
+    incomplete and open ones older than the timeout.
+    """
+    from pyspark.sql import functions as F
+
+    from cdc_platform.views import register_lake
+
+    register_lake(spark, lake_dir)
+    newest = _as_utc(column_max(lake.table_path(lake_dir, "raw_change_events"), "source_ts"))
+    meta: dict[str, Any] = {"timeout_seconds": float(timeout_seconds)}
+    if newest is None:
+        return CheckOutcome(True, Severity.ERROR, "the raw log is empty: no transaction to judge yet", meta)
+    cutoff = newest - dt.timedelta(seconds=timeout_seconds)
+    meta["event_time"] = newest.isoformat()
+    ends = (spark.table("transaction_markers").where((F.col("status") == "END") & (F.col("marker_ts") < F.lit(cutoff)))
+            .select("transaction_id", F.explode("data_collections").alias("table_id", "expected")))
+    landed = (spark.table("raw_change_events").where(F.col("transaction_id").isNotNull())
+              .groupBy("transaction_id", "table_id").agg(F.countDistinct("event_id").alias("landed")))
+    per_table = ends.join(landed, ["transaction_id", "table_id"], "left").fillna(0, ["landed"]).cache()
+    try:
+        checked = per_table.select("transaction_id").distinct().count()
+        short = per_table.where("landed != expected")
+        bad_ids = [r["transaction_id"] for r in short.select("transaction_id").distinct().orderBy("transaction_id").limit(SAMPLE).collect()]
+        n_bad = short.select("transaction_id").distinct().count()
+        totals = {r["table_id"]: {"expected": int(r["e"]), "landed": int(r["l"])}
+                  for r in per_table.groupBy("table_id").agg(F.sum("expected").alias("e"), F.sum("landed").alias("l")).collect()}
+    finally:
+        per_table.unpersist()
+    incomplete = spark.table("incomplete_transactions")
+    n_incomplete = incomplete.count()
+    reasons = {r["reason"]: int(r["n"]) for r in incomplete.groupBy("reason").agg(F.count("*").alias("n")).collect()}
+    stuck = (spark.table("open_transactions").where("entry = 'open'")
+             .where(F.coalesce("end_ts", "last_event_ts", "begin_ts") < F.lit(cutoff)))
+    n_stuck = stuck.count()
+    incomplete_ids = [r["transaction_id"] for r in incomplete.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
+    stuck_ids = [r["transaction_id"] for r in stuck.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
+    pct = 100.0 * (checked - n_bad) / checked if checked else 100.0
+    meta |= {"transactions_checked": checked, "count_mismatches": n_bad, "completeness_percent": round(pct, 4),
+             "incomplete_transactions": n_incomplete, "open_past_timeout": n_stuck, "expected_vs_landed_per_table": totals}
+    if reasons:
+        meta["incomplete_by_reason"] = reasons
+    problems = []
+    if n_bad:
+        meta["mismatched_transactions"] = bad_ids
+        problems.append(f"{n_bad:,} transaction(s) whose END counts differ from the events landed (e.g. {bad_ids[0]})")
+    if n_incomplete:
+        meta["incomplete_transaction_ids"] = incomplete_ids
+        problems.append(f"{n_incomplete:,} incomplete transaction(s) ({', '.join(f'{k} ×{v}' for k, v in reasons.items())}; e.g. {incomplete_ids[0]})")
+    if n_stuck:
+        meta["open_past_timeout_ids"] = stuck_ids
+        problems.append(f"{n_stuck:,} transaction(s) open longer than {timeout_seconds:,.0f} s (e.g. {stuck_ids[0]})")
+    if problems:
+        return CheckOutcome(False, Severity.ERROR, "; ".join(problems), meta)
+    return CheckOutcome(True, Severity.ERROR, f"all {checked:,} transactions past the timeout landed every event END announced", meta)

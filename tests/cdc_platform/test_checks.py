@@ -89,3 +89,64 @@ def test_unconfigured_tables_are_reported(small_lake, land, run_pipeline) -> Non
     land(None, [json.dumps(event)])
     run_pipeline(small_lake)
     assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {"payments.audits": 1}
+
+
+def test_coverage_passes_on_peer_data_and_names_a_removed_row(spark, make_config, land, run_pipeline, peer_files) -> None:
+    from cdc_platform import lake
+
+    cfg = make_config({"inventory.products": {"key": ["id"]}})
+    land(None, peer_files["schema_exclude"])
+    run_pipeline(cfg)
+    table = cfg.table("products")
+    ok = checks.coverage(spark, cfg.lake, table)
+    assert ok.passed, ok.description
+    assert ok.metadata["expected_live_keys"] == 10 and ok.metadata["coverage_percent"] == 100.0
+    lake.open_table(cfg.lake / "products").delete("id = 104")
+    bad = checks.coverage(spark, cfg.lake, table)
+    assert not bad.passed and bad.severity is checks.Severity.ERROR
+    assert bad.metadata["missing"] == 1 and bad.metadata["mismatched_keys"] == {"missing": ['{"id":104}']}
+    assert bad.metadata["coverage_percent"] == 90.0 and "cdc rebuild --table products" in bad.description
+
+
+def tx_event(tx: str, table: str, row_id: int, pos: int, ts: int) -> str:
+    return json.dumps({"before": None, "after": {"id": row_id}, "op": "c", "ts_ms": ts + 5,
+                       "source": {"connector": "mysql", "db": "shop", "table": table, "ts_ms": ts, "file": "b.000001", "pos": pos},
+                       "transaction": {"id": tx, "total_order": 1, "data_collection_order": 1}})
+
+
+def marker(status: str, tx: str, ts: int, counts: dict[str, int] | None = None) -> str:
+    return json.dumps({"status": status, "id": tx, "ts_ms": ts, "event_count": sum(counts.values()) if counts else None,
+                       "data_collections": [{"data_collection": t, "event_count": n} for t, n in counts.items()] if counts else None})
+
+
+def test_completeness_counts_end_against_landed_events(spark, make_config, land, run_pipeline) -> None:
+    cfg = make_config({}, transaction_timeout=60)
+    t0 = 1767225600000
+    land("tx/markers.jsonl", [marker("BEGIN", "g:1", t0), marker("END", "g:1", t0, {"shop.orders": 1, "shop.items": 1}),
+                              marker("BEGIN", "g:2", t0 + 10), marker("END", "g:2", t0 + 10, {"shop.orders": 1, "shop.items": 2})])
+    land("orders/a.jsonl", [tx_event("g:1", "orders", 1, 10, t0), tx_event("g:2", "orders", 2, 20, t0 + 10),
+                            json.dumps({"before": None, "after": {"id": 9}, "op": "c", "ts_ms": t0 + 600_000, "transaction": None,
+                                        "source": {"connector": "mysql", "db": "shop", "table": "orders", "ts_ms": t0 + 600_000, "file": "b.000001", "pos": 99}})])
+    land("items/a.jsonl", [tx_event("g:1", "items", 1, 11, t0), tx_event("g:2", "items", 2, 21, t0 + 10)])  # g:2 lost one item
+    run_pipeline(cfg)
+    outcome = checks.completeness(spark, cfg.lake, 60)
+    assert not outcome.passed
+    assert outcome.metadata["transactions_checked"] == 2 and outcome.metadata["count_mismatches"] == 1
+    assert outcome.metadata["mismatched_transactions"] == ["g:2"]
+    assert outcome.metadata["expected_vs_landed_per_table"]["shop.items"] == {"expected": 3, "landed": 2}
+    assert "g:2" in outcome.description
+
+
+def test_completeness_passes_on_the_sample_workload(spark, tmp_path, run_pipeline) -> None:
+    from cdc_platform.config import load_config
+    from cdc_platform.generate import generate_workload
+
+    workload = generate_workload(tmp_path / "w", transactions=80, seed=4)
+    cfg = load_config(workload.config_path)
+    run_pipeline(cfg)
+    outcome = checks.completeness(spark, cfg.lake, 5)  # the 80 transactions span ~26 s of event time
+    assert outcome.passed, outcome.description
+    assert outcome.metadata["transactions_checked"] > 50
+    for table in cfg.tables:
+        cov = checks.coverage(spark, cfg.lake, table)
+        assert cov.passed, cov.description
