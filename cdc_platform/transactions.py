@@ -410,8 +410,8 @@ def _explode_open(open_rows: pa.Table) -> pa.Table:
         "transaction_id": _take(open_rows.column("transaction_id"), parents),
         "source": _take(pc.fill_null(open_rows.column("source"), ""), parents),
     }
-    for i, f in enumerate(EVENT):
-        cols[f.name] = flat.field(i)
+    for f, child in zip(EVENT, flat.flatten()):  # flatten(), unlike field(), honours a sliced struct's offset
+        cols[f.name] = child
     return _conform(pa.table(cols), _ITEM)
 
 
@@ -766,7 +766,8 @@ def _expiry(
 
     It waits on specific streams: the tables whose events are short, or the markers when BEGIN or END
     is missing. It is due when one of them has moved `transaction_timeout` past it (past END when END
-    is in, else past its last event or BEGIN); an over-count can never heal and is due at once.
+    is in, else past its last event or BEGIN); an over-count can never heal and is due at once. A
+    stream that has never delivered anything is judged by the fastest stream, `retention` past it.
     """
     if rows.num_rows == 0:
         return [], []
@@ -820,7 +821,13 @@ def _expiry(
             due.append(idle_clock is not None)
             continue
         limit = base + settings.timeout_us
-        due.append(any((c := clock(s)) is not None and c >= limit for s in waiting))
+        due.append(any(
+            (c := clock(s)) is not None and c >= limit
+            # A stream never seen at all (markers not landed, a table named only by END) would hold the
+            # transaction forever: judge it by the fastest stream, with the longer retention margin.
+            or (c is None and high is not None and high >= base + settings.retention_us)
+            for s in waiting
+        ))
     return reasons, due
 
 

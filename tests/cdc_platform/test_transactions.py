@@ -206,12 +206,13 @@ def test_state_stays_bounded_over_many_batches() -> None:
 
 def test_a_slow_stream_does_not_time_out_transactions_waiting_for_it() -> None:
     feed = Feed()
-    feed.batch([begin("g:1", 1), ev("g:1", "charges", 101, 1), end("g:1", 1, COUNTS)])
+    feed.batch(whole("g:0", 50, 0.5) + [begin("g:1", 1), ev("g:1", "charges", 101, 1), end("g:1", 1, COUNTS)])
     for n in range(2, 12):  # markers and charges run 1000 s ahead; audits is quiet
         feed.batch([begin(f"g:{n}", 100 * n), ev(f"g:{n}", "charges", 100 * n, 100 * n, row=n), end(f"g:{n}", 100 * n, {"shop.charges": 1})])
     assert feed.incomplete == [] and feed.open_ids() == ["g:1"]
     feed.batch([ev("g:1", "audits", 102, 1, order=2)])
     assert feed.completed[-1]["transaction_id"] == "g:1" and feed.incomplete == []
+    assert feed.watermark[0]["position"] == position(1100), "g:1 held the watermark at g:0 until it completed"
 
 
 def test_idle_time_expires_what_is_open() -> None:
@@ -321,3 +322,12 @@ def test_an_in_batch_duplicate_drops_no_other_event() -> None:
     parsed = split_parsed(pa.Table.from_batches([rows_to_batch([parse_line(x, "f.jsonl", KEYS) for x in lines])]), 0)
     assert parsed.events.column("table_id").to_pylist() == ["shop.charges", "shop.audits"]
     assert parsed.in_batch_duplicates == 1
+
+
+def test_a_stream_never_seen_holds_nothing_forever() -> None:
+    """Events with transaction metadata but no markers landed at all: missing_end, once far enough behind."""
+    feed = Feed()
+    feed.batch([ev("g:1", "charges", 101, 1), ev("g:2", "charges", 201, 100, row=2)])
+    assert feed.incomplete == [], "100 s is past the timeout but not the retention: the markers may just be slow"
+    feed.batch([ev("g:3", "charges", 301, 400, row=3)])
+    assert [(i["transaction_id"], i["reason"]) for i in feed.incomplete] == [("g:1", T.MISSING_END), ("g:2", T.MISSING_END)]
