@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from cdc_platform import lake
-from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
 from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult
 from cdc_platform.schemas import TS
 
@@ -1233,34 +1233,46 @@ def _sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]]) -> str:
+def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], salt: bytes | None = None) -> str:
     """The latest state of one table as of its source's consistency watermark.
 
     Visible: an event without transaction metadata at or below the watermark, or any event of a
     transaction in `transactions` whose commit position is at or below it. So a transaction is shown
     whole or not at all, and one that expired incomplete is never shown. Latest per key by position;
-    deletes hide the row; masked columns are shown as a SHA-256 of their value.
+    deletes hide the row. Shaped like `<name>__clean_view` (same masking, same metadata columns), so a
+    reader can swap one for the other.
     """
+    from cdc_platform.views import VIEW_META, masked_expression
+
     q = lake.quote_identifier
     struct = ", ".join(f"{q(name)}: {kind}" for name, kind in columns)
-    masked = set(table.mask)
-    select = ", ".join(
-        f"sha2(CAST(_row.{q(name)} AS STRING), 256) AS {q(name)}" if name in masked else f"_row.{q(name)} AS {q(name)}"
-        for name, _ in columns
-    )
+    masked = {m.lower() for m in table.mask}
+    outer: list[str] = []
+    for name, _ in columns:
+        if name.lower() in masked:
+            expr = masked_expression(name, False, table.mask_mode, salt)
+            if expr is not None:
+                outer.append(expr)
+        else:
+            outer.append(q(name))
+    outer += [q(m) for m in VIEW_META]
+    inner = ", ".join(f"_row.{q(name)} AS {q(name)}" for name, _ in columns)
     return f"""
-SELECT {select}, _position, _source_ts, _transaction_id FROM (
-  SELECT from_json(r.after, {_sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS _op,
-         r.position AS _position, r.source_ts AS _source_ts, r.transaction_id AS _transaction_id,
-         row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.event_id DESC) AS _rn
-  FROM {q(RAW)} r
-  JOIN {q(WATERMARK)} w ON coalesce(r.source_name, '') = w.source
-  LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(TRANSACTIONS)} GROUP BY transaction_id) t
-    ON r.transaction_id = t.transaction_id
-  WHERE r.table_id = {_sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
-    AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
-) x
-WHERE _rn = 1 AND _op <> 'd'
+SELECT {', '.join(outer)} FROM (
+  SELECT {inner}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
+    SELECT from_json(r.after, {_sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
+           r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
+           r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
+           row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.event_id DESC) AS `__rank`
+    FROM {q(RAW)} r
+    JOIN {q(WATERMARK)} w ON coalesce(r.source_name, '') = w.source
+    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(TRANSACTIONS)} GROUP BY transaction_id) t
+      ON r.transaction_id = t.transaction_id
+    WHERE r.table_id = {_sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
+      AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
+  ) ranked
+  WHERE `__rank` = 1 AND `_op` <> 'd'
+) latest
 """
 
 
@@ -1279,6 +1291,7 @@ def register_views(spark: SparkSession, lake_dir: Path) -> list[str]:
         ).collect()
         columns = infer_row_schema((r[0] for r in sample), table.key)
         view = f"{table.name}__consistent_view"
-        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {consistent_view_sql(table, columns)}")
+        sql = consistent_view_sql(table, columns, mask_salt(table))
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
         names.append(view)
     return names

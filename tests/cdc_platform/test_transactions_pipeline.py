@@ -35,11 +35,12 @@ def sql_json(capsys: pytest.CaptureFixture[str], cfg: PlatformConfig, query: str
 
 def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complete(
     make_config: Callable[..., PlatformConfig], land: Callable[..., Path], run_pipeline: Callable[..., Any],
-    spark: Any, capsys: pytest.CaptureFixture[str],
+    spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def query(_cfg: PlatformConfig, text: str) -> list[dict[str, Any]]:  # the views `cdc sql` just registered
         return [r.asDict(recursive=True) for r in spark.sql(text).collect()]
 
+    monkeypatch.setenv("CDC_MASK_SALT", "pepper")
     cfg = make_config(TABLES, transaction_timeout=1)
     land("payments.charges/part-1.jsonl", [ev(None, "charges", 50, 0.5, row=7), ev("g:1", "charges", 101, 1), ev("g:2", "charges", 201, 2, op="u")])
     land("payments.audits/part-1.jsonl", [ev("g:1", "audits", 102, 1, order=2)])
@@ -67,7 +68,9 @@ def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complet
     assert counts == [{"complete": 2, "incomplete": 0, "late": 1, "sources": 1, "open": 0, "charges": 2, "audits": 1}]
     assert query(cfg, view)[0] == {"id": 1, "pos": 201, "_transaction_id": "g:2"}
     (audit,) = query(cfg, "SELECT * FROM audits__consistent_view")
-    assert audit["_transaction_id"] == "g:2" and len(audit["pos"]) == 64, "masked: a SHA-256"
+    (clean,) = query(cfg, "SELECT * FROM audits__clean_view")
+    assert audit["_transaction_id"] == "g:2" and len(audit["pos"]) == 64, "masked: a salted SHA-256"
+    assert audit == clean, "all complete: the consistent view is the clean view, column for column"
     done = query(cfg, "SELECT transaction_id, event_count, events_per_table, events[0].table_id AS first FROM transactions ORDER BY 1")
     assert done == [
         {"transaction_id": "g:1", "event_count": 2, "events_per_table": COUNTS, "first": "shop.charges"},
