@@ -1,0 +1,225 @@
+"""Helpers the benchmarks share: where outputs go, cached workloads, machine load and memory figures.
+
+Benchmarks here run on a shared 2-core machine, so every figure is printed next to the load average
+at the time it was taken; a figure without its load is not comparable with another one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "out"
+
+if str(REPO) not in sys.path:  # run as `python benchmarks/x.py` without installing the repo
+    sys.path.insert(0, str(REPO))
+
+#: Change events per generated transaction, measured on the sample workload (seeds 1-7: 1.36-1.37).
+EVENTS_PER_TRANSACTION = 1.35
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def banner(title: str) -> None:
+    say(f"== {title} == {time.strftime('%Y-%m-%d %H:%M:%S')}  {load_average()}")
+
+
+def transactions_for(events: int) -> int:
+    """Transactions the generator needs for at least `events` change events (it reports the exact count)."""
+    return max(1, -(-events * 100 // int(EVENTS_PER_TRANSACTION * 100)))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A generated workload kept under benchmarks/out so repeated runs skip the generator."""
+
+    root: Path
+    landing: Path
+    config_path: Path
+    facts: dict[str, Any]
+
+    @property
+    def change_events(self) -> int:
+        return int(self.facts["change_events"])
+
+    @property
+    def lines(self) -> int:
+        f = self.facts
+        return int(f["change_events"] + f["duplicate_events"] + f["markers"] + f["malformed_lines"] + f["tombstones"])
+
+
+def workload(transactions: int, seed: int, events_per_file: int = 500) -> Workload:
+    """Generate (once) the sample payments workload; the stamp file records what the generator said."""
+    root = OUT / f"workload-t{transactions}-s{seed}-f{events_per_file}"
+    stamp = root / "workload.json"
+    if stamp.is_file():
+        facts = json.loads(stamp.read_text(encoding="utf-8"))
+        return Workload(root, root / "landing", root / "cdc.yaml", facts)
+    if root.exists():
+        shutil.rmtree(root)  # an interrupted generation: start again
+    # In a child process, so the generator's memory is not counted as the pipeline's.
+    subprocess.run([sys.executable, __file__, "generate", str(root), str(transactions), str(seed), str(events_per_file)], check=True)
+    facts = json.loads(stamp.read_text(encoding="utf-8"))
+    return Workload(root, root / "landing", root / "cdc.yaml", facts)
+
+
+def _generate(root: Path, transactions: int, seed: int, events_per_file: int) -> None:
+    from cdc_platform.generate import generate_workload
+
+    t0 = time.perf_counter()
+    w = generate_workload(root, transactions=transactions, seed=seed, events_per_file=events_per_file, track_state=False)
+    facts = {
+        "transactions": w.transactions,
+        "change_events": w.change_events,
+        "duplicate_events": w.duplicate_events,
+        "markers": w.markers,
+        "malformed_lines": w.malformed_lines,
+        "tombstones": w.tombstones,
+        "files": w.files,
+        "bytes": sum(p.stat().st_size for p in w.landing_dir.rglob("*") if p.is_file()),
+        "generate_seconds": round(time.perf_counter() - t0, 1),
+    }
+    (root / "workload.json").write_text(json.dumps(facts, indent=2), encoding="utf-8")
+
+
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+# --- memory -----------------------------------------------------------------------------------------
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    kids = _children()
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _status_kib(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "?"
+
+
+@dataclass
+class MemorySampler:
+    """Peak resident memory of this process tree: the Python driver, the JVM, Spark's Python workers.
+
+    The driver's and the JVM's peaks are the kernel's high-water marks (VmHWM), reset when the sampler
+    starts (`/proc/<pid>/clear_refs` = 5) so one measured phase is not charged with an earlier one's
+    peak. Spark's Python workers come and go, so their figure and the tree total are sampled every
+    `interval` seconds: a lower bound of the true peak.
+    """
+
+    interval: float = 0.25
+    peak_total_kib: int = 0
+    peak_workers_kib: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MemorySampler:
+        for pid in [os.getpid(), *descendants(os.getpid())]:
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w", encoding="utf-8") as fh:
+                    fh.write("5")
+            except OSError:
+                pass  # not permitted here: the figure then covers the process's whole life
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            total = _status_kib(me, "VmRSS")
+            workers = 0
+            for pid in descendants(me):
+                rss = _status_kib(pid, "VmRSS")
+                total += rss
+                if _comm(pid).startswith("python"):
+                    workers += rss
+            self.peak_total_kib = max(self.peak_total_kib, total)
+            self.peak_workers_kib = max(self.peak_workers_kib, workers)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        jvm = [p for p in descendants(os.getpid()) if _comm(p) == "java"]
+        return {
+            "driver_python_peak_mib": _status_kib(os.getpid(), "VmHWM") / 1024,
+            "jvm_peak_mib": sum(_status_kib(p, "VmHWM") for p in jvm) / 1024,
+            "python_workers_peak_mib": self.peak_workers_kib / 1024,
+            "tree_total_peak_mib": self.peak_total_kib / 1024,
+        }
+
+
+def memory_line(mem: dict[str, float]) -> str:
+    return (
+        f"peak memory: driver python {mem['driver_python_peak_mib']:,.0f} MiB (VmHWM), "
+        f"JVM {mem['jvm_peak_mib']:,.0f} MiB (VmHWM), Spark python workers {mem['python_workers_peak_mib']:,.0f} MiB (sampled), "
+        f"whole process tree {mem['tree_total_peak_mib']:,.0f} MiB (sampled)"
+    )
+
+
+def stage_names(job: Any) -> list[str]:
+    return ["raw"] + [getattr(s, "name", type(s).__name__) for s in job.stages] + ["dead_letter"]
+
+
+if __name__ == "__main__":  # internal: `workload()` runs the generator in a child process
+    if len(sys.argv) == 6 and sys.argv[1] == "generate":
+        _generate(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        sys.exit("usage: _common.py generate ROOT TRANSACTIONS SEED EVENTS_PER_FILE (used by the benchmarks)")
