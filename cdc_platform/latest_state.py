@@ -60,6 +60,12 @@ from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult, dea
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+try:  # optional speed-up; the row images were written by the parser as standard JSON with 64-bit integers,
+    # on which orjson and the stdlib build the same objects
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
 STAGE = "latest_state"
 TS = schemas.TS
 
@@ -306,51 +312,54 @@ class ChangeRow:
     sub: int  # 0 = tombstone of an old key (key change), 1 = the change itself
 
 
-@dataclass
 class Events:
-    """The raw events of one table as Python lists (one pass over Arrow, then plain indexing)."""
+    """The raw events of one table: Arrow columns, turned into Python lists only where a loop needs them."""
 
-    table: pa.Table
-
-    def __post_init__(self) -> None:
-        cols = (
-            "op", "key", "before", "after", "row_schema", "position", "tx_total_order", "source_ts",
-            "transaction_id", "ingested_at", "event_id", "line", "source_file", "table_id",
-        )
-        self.c: dict[str, list[Any]] = {c: self.table.column(c).to_pylist() for c in cols}
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self._lists: dict[str, list[Any]] = {}
 
     def __len__(self) -> int:
         return self.table.num_rows
 
+    def col(self, name: str) -> list[Any]:
+        found = self._lists.get(name)
+        if found is None:
+            found = self._lists[name] = self.table.column(name).to_pylist()
+        return found
+
+    def take(self, name: str, indexes: Sequence[int]) -> pa.Array:
+        return pc.take(self.table.column(name), pa.array(indexes, pa.int64())).combine_chunks()
+
 
 def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[ChangeRow], list[tuple[int, str, str]]]:
     """Turn raw events into change rows; also return (event, reason_code, reason) for unusable ones."""
-    c = events.c
+    ops, keys, befores, afters = events.col("op"), events.col("key"), events.col("before"), events.col("after")
     rows: list[ChangeRow] = []
     bad: list[tuple[int, str, str]] = []
     for i in range(len(events)):
-        op = c["op"][i]
+        op = ops[i]
         if op == "t":
             rows.append(ChangeRow(i, None, "t", True, None, 1))
             continue
-        key = c["key"][i]
+        key = keys[i]
         if key is None:  # the parser fills `key` for every configured table's c/u/d/r
             bad.append((i, "missing_key", "event has no key although its table is configured; rerun `cdc run` with the config"))
             continue
         if op == "d":
-            rows.append(ChangeRow(i, key, "d", True, json.loads(key), 1))
+            rows.append(ChangeRow(i, key, "d", True, _loads(key), 1))
             continue
         try:
-            after = json.loads(c["after"][i])
+            after = _loads(afters[i])
         except (TypeError, ValueError):
             bad.append((i, "missing_after", f"op {op!r} without a usable `after` row image"))
             continue
-        if op == "u" and c["before"][i] is not None:
-            before = json.loads(c["before"][i])
+        if op == "u" and befores[i] is not None:
+            before = _loads(befores[i])
             if isinstance(before, dict) and all(before.get(k) is not None for k in key_columns):
                 old = canonical_json({k: before[k] for k in key_columns})
                 if old != key:
-                    rows.append(ChangeRow(i, old, "u", True, json.loads(old), 0))
+                    rows.append(ChangeRow(i, old, "u", True, _loads(old), 0))
         rows.append(ChangeRow(i, key, op, False, after, 1))
     return rows, bad
 
@@ -360,12 +369,12 @@ def last_per_key(rows: Sequence[ChangeRow], events: Events) -> list[int]:
     keyed = [i for i, r in enumerate(rows) if r.key is not None]
     if not keyed:
         return []
-    pos, tx = events.c["position"], events.c["tx_total_order"]
+    source = [rows[i].event for i in keyed]
     table = pa.table(
         {
             "k": pa.array([rows[i].key for i in keyed], pa.string()),
-            "p": pa.array([pos[rows[i].event] for i in keyed], pa.string()),
-            "t": pa.array([tx[rows[i].event] for i in keyed], pa.int64()),
+            "p": events.take("position", source),
+            "t": events.take("tx_total_order", source),
             "s": pa.array([rows[i].sub for i in keyed], pa.int8()),
             "i": pa.array(keyed, pa.int64()),
         }
@@ -374,12 +383,9 @@ def last_per_key(rows: Sequence[ChangeRow], events: Events) -> list[int]:
         table, sort_keys=[("k", "ascending"), ("p", "ascending"), ("t", "ascending", "at_start"), ("s", "ascending"), ("i", "ascending")]
     )
     sorted_t = table.take(order)
-    k = sorted_t.column("k")
+    k = sorted_t.column("k").combine_chunks()
     n = sorted_t.num_rows
-    if n == 1:
-        last = pa.array([True])
-    else:
-        last = pa.concat_arrays([pc.not_equal(k.slice(0, n - 1), k.slice(1)).combine_chunks(), pa.array([True])])
+    last = pa.array([True]) if n == 1 else pa.concat_arrays([pc.not_equal(k.slice(0, n - 1), k.slice(1)), pa.array([True])])
     return sorted(sorted_t.column("i").filter(last).to_pylist())
 
 
@@ -397,6 +403,45 @@ class TypedRows:
     added: list[str] = field(default_factory=list)
 
 
+_PLAIN = frozenset({bool, int, float, str})
+
+
+def _column_types(
+    col: str, vals: list[Any], declared: list[dict[str, FieldType] | None] | None, table: TableConfig, dead: dict[int, tuple[str, str]], events_of: list[int]
+) -> tuple[dict[pa.DataType, list[int]], list[Any]]:
+    """Group the rows of one column by type and convert their values; bad values dead-letter their event.
+
+    The common case, no schema wrapper and plain JSON scalars, needs no per-value work beyond `type()`.
+    """
+    if declared is None:
+        kinds = set(map(type, vals))
+        kinds.discard(type(None))
+        if kinds <= _PLAIN:
+            if len(kinds) == 1:
+                (kind,) = kinds
+                return {_INFERRED[kind].dtype: [i for i, v in enumerate(vals) if v is not None]}, vals
+            groups: dict[pa.DataType, list[int]] = {}
+            for i, v in enumerate(vals):
+                if v is not None:
+                    groups.setdefault(_INFERRED[type(v)].dtype, []).append(i)
+            return groups, vals
+    groups = {}
+    out: list[Any] = list(vals)
+    for i, v in enumerate(vals):
+        decl = declared[i] if declared is not None else None
+        ftype = (decl.get(col) if decl else None) or infer_type(v)
+        if ftype is None:
+            continue
+        if v is not None:
+            try:
+                out[i] = ftype.convert(v)
+            except BadValue as exc:
+                dead.setdefault(events_of[i], ("invalid_value", f"column `{col}` of {table.source}: {exc}, but the event declares {type_name(ftype.dtype)}"))
+                continue
+        groups.setdefault(ftype.dtype, []).append(i)  # a declared type counts even for a null
+    return groups, out
+
+
 def type_rows(
     rows: list[ChangeRow],
     events: Events,
@@ -405,119 +450,101 @@ def type_rows(
     *,
     coerce: bool = False,
 ) -> TypedRows:
-    """Type every change row against the stored source columns.
+    """Type every change row against the stored source columns, column by column.
 
     Without `coerce` (the stream) a value whose type cannot widen to the stored one dead-letters its
     event. With `coerce` (rebuild) the newest event's type wins and older values are cast to it; only
     values that cannot be cast are dead-lettered.
     """
-    schema_cache: dict[str, dict[str, FieldType]] = {}
-    row_schemas = events.c["row_schema"]
     dead: dict[int, tuple[str, str]] = {}
-    order: list[str] = list(stored)
-    seen: set[str] = set(order)
-    per_row: list[dict[str, tuple[FieldType, Any]]] = []
-    for r in rows:
-        typed: dict[str, tuple[FieldType, Any]] = {}
-        per_row.append(typed)
-        if r.image is None or r.event in dead:
-            continue
-        declared = _declared(row_schemas[r.event], schema_cache)
-        for col, raw in r.image.items():
-            if col in RESERVED:
-                dead[r.event] = (
+    images = [r.image for r in rows]
+    events_of = [r.event for r in rows]
+    texts = events.col("row_schema")
+    declared: list[dict[str, FieldType] | None] | None = None
+    if any(t is not None for t in texts):
+        cache: dict[str, dict[str, FieldType]] = {}
+        declared = [_declared(texts[e], cache) for e in events_of]
+    order: dict[str, None] = dict.fromkeys(stored)
+    for img in images:
+        if img:
+            for col in img:
+                if col not in order:
+                    order[col] = None
+    for col in [c for c in order if c in RESERVED]:
+        for idx, img in enumerate(images):
+            if img and col in img:
+                dead.setdefault(events_of[idx], (
                     "reserved_column",
                     f"source column `{col}` of {table.source} has the name of a platform metadata column; rename it at "
                     f"the source or with a column-renaming SMT, then run `cdc rebuild --table {table.name}`",
-                )
-                break
-            ftype = declared.get(col) or infer_type(raw)
-            if ftype is None:
-                continue  # a null without a declared type: the column's type is decided by other rows
-            try:
-                value = None if raw is None else ftype.convert(raw)
-            except BadValue as exc:
-                dead[r.event] = ("invalid_value", f"column `{col}` of {table.source}: {exc}, but the event declares {type_name(ftype.dtype)}")
-                break
-            typed[col] = (ftype, value)
-            if col not in seen:
-                seen.add(col)
-                order.append(col)
+                ))
+        del order[col]
 
-    positions = events.c["position"]
-    txs = events.c["tx_total_order"]
+    newness_key: Callable[[int], tuple[str, int, int]] | None = None
 
-    def newness(idx: int) -> tuple[str, int, int]:
-        e = rows[idx].event
-        return (positions[e] or "", txs[e] if txs[e] is not None else -1, e)
+    def newest(idxs: Iterable[int]) -> int:
+        nonlocal newness_key
+        if newness_key is None:
+            pos, tx = events.col("position"), events.col("tx_total_order")
+
+            def key(i: int) -> tuple[str, int, int]:
+                e = events_of[i]
+                return (pos[e] or "", tx[e] if tx[e] is not None else -1, e)
+
+            newness_key = key
+        return max(idxs, key=newness_key)
 
     columns: dict[str, pa.DataType] = {}
+    values: dict[str, list[Any]] = {}
     widened: dict[str, tuple[pa.DataType, pa.DataType]] = {}
     added: list[str] = []
-    coerce_cols: dict[str, pa.DataType] = {}
     for col in order:
-        by_type: dict[pa.DataType, list[int]] = {}
-        for idx, typed in enumerate(per_row):
-            if col in typed and rows[idx].event not in dead:
-                by_type.setdefault(typed[col][0].dtype, []).append(idx)
+        vals = [img.get(col) if img is not None else None for img in images]
+        by_type, converted = _column_types(col, vals, declared, table, dead, events_of)
+        if dead:
+            by_type = {t: [i for i in idxs if events_of[i] not in dead] for t, idxs in by_type.items()}
+            by_type = {t: idxs for t, idxs in by_type.items() if idxs}
         old = stored.get(col)
         if old is None and not by_type:
-            continue
+            continue  # only nulls so far and no declared type: wait for a value to say what it is
         if old is not None and not coerce:
             target = _normalise(old)
+        elif len(by_type) == 1:
+            (target,) = by_type
         else:
-            newest = max((i for idxs in by_type.values() for i in idxs), key=newness)
-            target = per_row[newest][col][0].dtype
-        # Widen with every compatible type, newest first; what stays incompatible is a conflict.
-        for dtype in sorted(by_type, key=lambda d: max(newness(i) for i in by_type[d]), reverse=True):
-            joined = join_types(target, dtype)
-            if joined is not None:
-                target = joined
-        if old is not None and not coerce and target != _normalise(old):
-            widened[col] = (_normalise(old), target)
+            n = newest(i for idxs in by_type.values() for i in idxs)
+            target = next(t for t, idxs in by_type.items() if n in idxs)
+        if len(by_type) > 1 or (by_type and next(iter(by_type)) != target):
+            ranked = sorted(by_type, key=lambda t: newness_key(newest(by_type[t])) if newness_key else 0, reverse=True) if len(by_type) > 1 else list(by_type)
+            for dtype in ranked:  # widen with every compatible type, newest first
+                joined = join_types(target, dtype)
+                if joined is not None:
+                    target = joined
+            for dtype, idxs in by_type.items():
+                if join_types(dtype, target) == target:
+                    if pa.types.is_decimal(target) and not pa.types.is_decimal(dtype):
+                        for i in idxs:
+                            converted[i] = decimal.Decimal(converted[i])
+                    continue
+                for i in idxs:
+                    if coerce:
+                        try:
+                            converted[i] = pa.array([converted[i]], dtype).cast(target).to_pylist()[0]
+                            continue
+                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                            reason = (f"column `{col}` of {table.name}: {_sample(converted[i])} ({type_name(dtype)}) cannot be converted to "
+                                      f"{type_name(target)}, the type the newest events carry; the event was left out of the rebuilt table")
+                    else:
+                        reason = (f"column `{col}` of {table.name} is {type_name(target)} but this event carries {type_name(dtype)} "
+                                  f"({_sample(converted[i])}); the event was not applied. If the source column changed type, "
+                                  f"run `cdc rebuild --table {table.name}` to rebuild the table from the raw log with the newest type")
+                    dead.setdefault(events_of[i], ("incompatible_type", reason))
         if old is None:
             added.append(col)
-        for dtype, idxs in by_type.items():
-            if join_types(dtype, target) == target:
-                continue
-            if coerce:
-                coerce_cols[col] = target
-                continue
-            for idx in idxs:
-                e = rows[idx].event
-                dead.setdefault(
-                    e,
-                    (
-                        "incompatible_type",
-                        f"column `{col}` of {table.name} is {type_name(target)} but this event carries {type_name(dtype)} "
-                        f"({_sample(per_row[idx][col][1])}); the event was not applied. If the source column changed type, "
-                        f"run `cdc rebuild --table {table.name}` to rebuild the table from the raw log with the newest type",
-                    ),
-                )
+        elif not coerce and target != _normalise(old):
+            widened[col] = (_normalise(old), target)
         columns[col] = target
-
-    values: dict[str, list[Any]] = {col: [None] * len(rows) for col in columns}
-    for idx, typed in enumerate(per_row):
-        if rows[idx].event in dead:
-            continue
-        for col, (ftype, value) in typed.items():
-            if value is None or col not in columns:
-                continue
-            target = columns[col]
-            if col in coerce_cols and join_types(ftype.dtype, target) != target:
-                try:
-                    value = pa.array([value], ftype.dtype).cast(target).to_pylist()[0]
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    dead.setdefault(
-                        rows[idx].event,
-                        (
-                            "incompatible_type",
-                            f"column `{col}` of {table.name}: {_sample(value)} ({type_name(ftype.dtype)}) cannot be converted to "
-                            f"{type_name(target)}, the type the newest events carry; the event was left out of the rebuilt table",
-                        ),
-                    )
-                    continue
-            values[col][idx] = value
+        values[col] = converted
     return TypedRows(columns=columns, values=values, rows=rows, dead=dead, widened=widened, added=added)
 
 
@@ -551,28 +578,38 @@ def history_schema(columns: Mapping[str, pa.DataType]) -> pa.Schema:
 
 
 def build_rows(typed: TypedRows, events: Events, which: Sequence[int], key_columns: Sequence[str], *, seq: int, history: bool = False) -> pa.Table:
-    """Arrow rows (latest-state or history schema) for the change rows at indexes `which`."""
-    c = events.c
+    """Arrow rows (latest-state or history schema) for the change rows at indexes `which`.
+
+    Tombstones keep only their key columns: a deleted row's values are not state.
+    """
     rows = [typed.rows[i] for i in which]
+    source = [r.event for r in rows]
+    n = len(rows)
+    deleted = [r.deleted for r in rows]
+    any_deleted = any(deleted)
     data: dict[str, pa.Array] = {}
     for col, dtype in typed.columns.items():
         vals = typed.values[col]
-        keep_all = col in key_columns
-        data[col] = pa.array([vals[i] if (keep_all or not typed.rows[i].deleted) else None for i in which], dtype)
+        if any_deleted and col not in key_columns:
+            data[col] = pa.array([None if typed.rows[i].deleted else vals[i] for i in which], dtype)
+        else:
+            data[col] = pa.array([vals[i] for i in which], dtype)
     data["_op"] = pa.array([r.op for r in rows], pa.string())
-    data["_deleted"] = pa.array([r.deleted for r in rows], pa.bool_())
-    data["_position"] = pa.array([c["position"][r.event] for r in rows], pa.string())
-    data["_source_ts"] = pa.array([c["source_ts"][r.event] for r in rows], TS)
-    data["_transaction_id"] = pa.array([c["transaction_id"][r.event] for r in rows], pa.string())
-    data["_ingested_at"] = pa.array([c["ingested_at"][r.event] for r in rows], TS)
-    data["_event_id"] = pa.array([c["event_id"][r.event] for r in rows], pa.string())
-    data["_seq"] = pa.array([seq] * len(rows), pa.int64())
+    data["_deleted"] = pa.array(deleted, pa.bool_())
+    data["_position"] = events.take("position", source)
+    data["_source_ts"] = events.take("source_ts", source)
+    data["_transaction_id"] = events.take("transaction_id", source)
+    data["_ingested_at"] = events.take("ingested_at", source)
+    data["_event_id"] = events.take("event_id", source)
+    data["_seq"] = pa.array([seq] * n, pa.int64())
     if history:
-        data["_tx_order"] = pa.array([c["tx_total_order"][r.event] for r in rows], pa.int64())
+        data["_tx_order"] = events.take("tx_total_order", source)
         data["_batch_order"] = pa.array(list(which), pa.int64())
-        return pa.table(data, schema=history_schema(typed.columns))
-    data[LAYER] = pa.array([DELTA] * len(rows), pa.string())
-    return pa.table(data, schema=state_schema(typed.columns))
+        schema = history_schema(typed.columns)
+    else:
+        data[LAYER] = pa.array([DELTA] * n, pa.string())
+        schema = state_schema(typed.columns)
+    return pa.Table.from_arrays([data[f.name].cast(f.type) for f in schema], schema=schema)
 
 
 def source_columns(schema: pa.Schema, meta: Iterable[pa.Field] = META_FIELDS) -> dict[str, pa.DataType]:
@@ -706,10 +743,13 @@ class LatestStateStage:
 
 
 def _dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
-    c = events.c
+    if not dead:
+        return []
+    order = sorted(dead)
+    cols = {c: events.take(c, order).to_pylist() for c in ("table_id", "event_id", "line", "source_file")}
     return [
-        {"reason_code": code, "reason": reason, "table_id": c["table_id"][e], "event_id": c["event_id"][e], "line": c["line"][e], "source_file": c["source_file"][e]}
-        for e, (code, reason) in sorted(dead.items())
+        {"reason_code": dead[e][0], "reason": dead[e][1], **{c: cols[c][i] for c in cols}}
+        for i, e in enumerate(order)
     ]
 
 
