@@ -6,7 +6,7 @@ GX < 1.0.
 
 Suites are templates so one file serves every latest-state table: in any expectation's kwargs the
 string `"$key"` expands the expectation once per key column, and `"$keys"` becomes the list of key
-columns. A file `expectations/<table>.json` applies to that table; `expectations/latest_state.json`
+columns (a compound-uniqueness expectation over a single key column becomes plain uniqueness). A file `expectations/<table>.json` applies to that table; `expectations/latest_state.json`
 applies to every latest-state table in addition.
 """
 
@@ -56,6 +56,11 @@ def expand(suite: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
                 expanded.append(e)
             continue
         exp["kwargs"] = {k: (list(keys) if v == "$keys" else v) for k, v in kwargs.items()}
+        if exp["type"] == "expect_compound_columns_to_be_unique" and len(exp["kwargs"].get("column_list", ())) == 1:
+            # GX wants two or more columns for a compound key; one key column is plain uniqueness.
+            column = exp["kwargs"].pop("column_list")[0]
+            exp["type"] = "expect_column_values_to_be_unique"
+            exp["kwargs"]["column"] = column
         expanded.append(exp)
     out["expectations"] = expanded
     return out

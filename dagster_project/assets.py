@@ -10,9 +10,21 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator, Sequence
 
-from dagster import AssetKey, AssetSpec, FreshnessPolicy, MaterializeResult, asset, multi_asset
-
-from cdc_platform import checks
+from dagster import (
+    AssetKey,
+    AssetSpec,
+    BackfillPolicy,
+    Field,
+    FreshnessPolicy,
+    MaterializeResult,
+    MetadataValue,
+    StaticPartitionsDefinition,
+    asset,
+    job,
+    multi_asset,
+    op,
+)
+from cdc_platform import backfill, checks, maintenance
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.ingest import IngestJob
 from dagster_project.resources import CdcResource
@@ -134,3 +146,47 @@ def _view_asset(view: str, table: TableConfig):  # type: ignore[no-untyped-def]
         return MaterializeResult(metadata={"rows": rows, "query": f"SELECT * FROM {view}"})
 
     return view_asset
+
+
+BACKFILL_GROUP = "backfill"
+
+
+#: Launch config of a snapshot load (`config_schema`: Dagster cannot resolve a postponed Config annotation).
+SNAPSHOT_LOAD_CONFIG = {
+    "dry_run": Field(bool, default_value=False, description="Only compute and record the diff (inserted / updated / skipped as stale); commit nothing."),
+}
+
+
+def build_backfill_asset(platform: PlatformConfig):  # type: ignore[no-untyped-def]
+    """One partition per configured table; a backfill of several partitions runs as one run."""
+    if not platform.tables:
+        return None
+
+    @asset(
+        name="snapshot_load",
+        group_name=BACKFILL_GROUP,
+        partitions_def=StaticPartitionsDefinition([t.name for t in platform.tables]),
+        backfill_policy=BackfillPolicy.single_run(),
+        deps=["raw_change_events"],
+        pool="cdc_ingest",
+        kinds={"delta"},
+        config_schema=SNAPSHOT_LOAD_CONFIG,
+        description="Loads snapshots/<table>/ into the raw log and latest state; never overwrites a newer row or resurrects a deleted key.",
+    )
+    def snapshot_load(context, cdc: CdcResource) -> MaterializeResult:  # type: ignore[no-untyped-def]
+        dry_run = bool(context.op_config["dry_run"])
+        diffs = [backfill.load_snapshot(cdc.config, name, dry_run=dry_run, progress=context.log.info) for name in context.partition_keys]
+        totals = {k: sum(getattr(d, k) for d in diffs) for k in ("snapshot_rows", "inserted", "updated", "unchanged", "skipped_stale", "skipped_deleted", "invalid")}
+        return MaterializeResult(metadata={**totals, "dry_run": dry_run, "tables": MetadataValue.json({d.table: d.as_metadata() for d in diffs})})
+
+    return snapshot_load
+
+
+@op(description="Fold latest-state delta layers, purge expired tombstones, compact small files and vacuum every table.")
+def maintain_lake(context, cdc: CdcResource) -> None:  # type: ignore[no-untyped-def]
+    maintenance.maintain(cdc.lake, tables=cdc.config.tables, progress=context.log.info)
+
+
+@job(description="Daily lake maintenance (compaction, tombstone purge, vacuum).")
+def lake_maintenance() -> None:
+    maintain_lake()

@@ -1,19 +1,20 @@
-"""Asset checks: each reads the resource, calls a function of `cdc_platform.checks`, and maps its
-`CheckOutcome` to an `AssetCheckResult` through `to_result`, the one adapter."""
+"""Asset checks: each reads the resource, calls a function of `cdc_platform.checks` (or the GX adapter
+in `cdc_platform.quality`), and maps its `CheckOutcome` to an `AssetCheckResult` through `to_result`,
+the one adapter."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, MetadataValue, asset_check
 
 from cdc_platform import checks, quality
-from cdc_platform.config import PlatformConfig
-from cdc_platform.lake import read_table, table_path
+from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.lake import quote_identifier, table_path
 from dagster_project.resources import CdcResource
 
-FRESHNESS_SLO_SECONDS = 15 * 60
+#: Check names that the hourly coverage-and-completeness schedule runs.
+SCHEDULED_CHECKS = ("coverage", "completeness")
 
 
 def to_result(outcome: checks.CheckOutcome) -> AssetCheckResult:
@@ -32,17 +33,6 @@ def to_result(outcome: checks.CheckOutcome) -> AssetCheckResult:
     return AssetCheckResult(passed=outcome.passed, severity=severity, description=outcome.description, metadata=meta)
 
 
-def gx_check(table: str, keys: tuple[str, ...] = (), latest_state: bool = False) -> AssetChecksDefinition:
-    @asset_check(asset=table, name="great_expectations", description=f"Great Expectations suites for {table} (expectations/).")
-    def _check(cdc: CdcResource) -> AssetCheckResult:
-        suites = quality.suites_for(table, keys, latest_state=latest_state, directory=cdc.expectations())
-        df = read_table(cdc.spark(), table_path(cdc.lake, table))
-        outcomes = [quality.validate(df, suite) for suite in suites]
-        return to_result(_combine(outcomes, f"no suite found for {table}"))
-
-    return _check
-
-
 def _combine(outcomes: list[checks.CheckOutcome], empty: str) -> checks.CheckOutcome:
     if not outcomes:
         return checks.CheckOutcome(False, checks.Severity.WARN, empty, {})
@@ -54,10 +44,40 @@ def _combine(outcomes: list[checks.CheckOutcome], empty: str) -> checks.CheckOut
     return checks.CheckOutcome(all(o.passed for o in outcomes), checks.Severity.ERROR, " | ".join(o.description for o in outcomes), meta)
 
 
-@asset_check(asset="raw_change_events", name="freshness",
-             description=f"Lag from the newest source commit to now, against the SLO ({FRESHNESS_SLO_SECONDS // 60} min).")
+def gx_check(table: str, keys: tuple[str, ...] = (), latest_state: bool = False) -> AssetChecksDefinition:
+    @asset_check(asset=table, name="great_expectations", description=f"Great Expectations suites for {table} (expectations/).")
+    def _check(cdc: CdcResource) -> AssetCheckResult:
+        from cdc_platform.views import register_lake
+
+        spark = cdc.spark()
+        register_lake(spark, cdc.lake)  # latest-state names resolve to the folded view, tombstones included
+        suites = quality.suites_for(table, keys, latest_state=latest_state, directory=cdc.expectations())
+        df = spark.table(quote_identifier(table))
+        return to_result(_combine([quality.validate(df, s) for s in suites], f"no suite found for {table}"))
+
+    return _check
+
+
+def coverage_check(table: TableConfig) -> AssetChecksDefinition:
+    @asset_check(asset=table.name, name="coverage",
+                 description="Every live key of the raw log is in the latest state at its position, and nothing else is.")
+    def _check(cdc: CdcResource) -> AssetCheckResult:
+        return to_result(checks.coverage(cdc.spark(), cdc.lake, table))
+
+    return _check
+
+
+def freshness_check(table: TableConfig) -> AssetChecksDefinition:
+    @asset_check(asset=table.name, name="freshness", description="Lag from the newest source commit to now and to this table, against the SLO.")
+    def _check(cdc: CdcResource) -> AssetCheckResult:
+        return to_result(checks.freshness(cdc.lake, cdc.config.freshness_slo, latest_state=table_path(cdc.lake, table.name)))
+
+    return _check
+
+
+@asset_check(asset="raw_change_events", name="freshness", description="Lag from the newest source commit to now, against `freshness_slo`.")
 def raw_freshness(cdc: CdcResource) -> AssetCheckResult:
-    return to_result(checks.freshness(cdc.lake, FRESHNESS_SLO_SECONDS))
+    return to_result(checks.freshness(cdc.lake, cdc.config.freshness_slo))
 
 
 @asset_check(asset="dead_letter", name="new_dead_letters", description="New dead-letter rows since the previous check (warn).")
@@ -65,11 +85,21 @@ def new_dead_letters(cdc: CdcResource) -> AssetCheckResult:
     return to_result(checks.new_dead_letters(cdc.lake))
 
 
+@asset_check(asset="transactions", name="completeness",
+             description="END counts per table vs events landed; transactions expired incomplete or open past the timeout.")
+def completeness(cdc: CdcResource) -> AssetCheckResult:
+    return to_result(checks.completeness(cdc.spark(), cdc.lake, cdc.config.transaction_timeout))
+
+
 def build_checks(config: PlatformConfig) -> list[AssetChecksDefinition]:
-    built: list[AssetChecksDefinition] = [raw_freshness, new_dead_letters, gx_check("raw_change_events"), gx_check("dead_letter")]
+    built: list[AssetChecksDefinition] = [
+        raw_freshness, new_dead_letters, completeness,
+        gx_check("raw_change_events"), gx_check("dead_letter"), gx_check("transactions"),
+    ]
     for table in config.tables:
-        built.append(gx_check(table.name, table.key, latest_state=True))
+        built += [coverage_check(table), freshness_check(table), gx_check(table.name, table.key, latest_state=True)]
     return built
 
 
-CheckFactory = Callable[[PlatformConfig], list[AssetChecksDefinition]]
+def scheduled_checks(built: list[AssetChecksDefinition]) -> list[AssetChecksDefinition]:
+    return [c for c in built if any(key.name in SCHEDULED_CHECKS for key in c.check_keys)]

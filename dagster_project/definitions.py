@@ -23,8 +23,8 @@ from dagster import (
 
 from cdc_platform import checks
 from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
-from dagster_project.assets import build_ingest_asset, build_view_assets
-from dagster_project.checks import build_checks
+from dagster_project.assets import build_backfill_asset, build_ingest_asset, build_view_assets, lake_maintenance
+from dagster_project.checks import build_checks, scheduled_checks
 from dagster_project.resources import CdcResource
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,11 +51,12 @@ def build_defs(config_path: Path | None = None) -> Definitions:
     ingest = build_ingest_asset(config)
     views = build_view_assets(config)
     asset_checks = build_checks(config)
+    snapshot_load = build_backfill_asset(config)
 
     pipeline = define_asset_job(PIPELINE_JOB, selection=AssetSelection.assets(ingest, *views),
                                 description="Ingest everything landed since the last run, then refresh the views; runs every check on them.")
-    check_job = define_asset_job("coverage_and_completeness_checks", selection=AssetSelection.checks(*asset_checks),
-                                 description="Every asset check, without materialising anything.")
+    check_job = define_asset_job("coverage_and_completeness_checks", selection=AssetSelection.checks(*scheduled_checks(asset_checks)),
+                                 description="The coverage and completeness checks, without materialising anything.")
 
     @sensor(job=pipeline, minimum_interval_seconds=30, default_status=DefaultSensorStatus.STOPPED,
             description="Runs cdc_pipeline when new files appear in the landing directory.")
@@ -79,13 +80,14 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         return SkipReason(f"not configured yet: {listing}. Add them under `tables:` in {path} with their `key:` to get a latest state.")
 
     return Definitions(
-        assets=[ingest, *views],
+        assets=[ingest, *views, *([snapshot_load] if snapshot_load is not None else [])],
         asset_checks=asset_checks,
-        jobs=[pipeline, check_job],
+        jobs=[pipeline, check_job, lake_maintenance],
         schedules=[
             ScheduleDefinition(name="cdc_pipeline_every_5_minutes", job=pipeline, cron_schedule="*/5 * * * *",
                                default_status=DefaultScheduleStatus.STOPPED),
             ScheduleDefinition(name="checks_hourly", job=check_job, cron_schedule="0 * * * *", default_status=DefaultScheduleStatus.STOPPED),
+            ScheduleDefinition(name="maintenance_daily", job=lake_maintenance, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.STOPPED),
         ],
         sensors=[new_landing_files, unconfigured_source_tables],
         resources={"cdc": CdcResource(config_path=str(path))},

@@ -62,6 +62,8 @@ def test_suite_templates_expand_key_columns(tmp_path: Path) -> None:
     ]}))
     (suite,) = quality.suites_for("orders", ("id", "region"), latest_state=True, directory=tmp_path)
     assert [e["kwargs"] for e in suite["expectations"]] == [{"column": "id"}, {"column": "region"}, {"column_list": ["id", "region"]}]
+    (single,) = quality.suites_for("orders", ("id",), latest_state=True, directory=tmp_path)
+    assert single["expectations"][1] == {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "id"}}
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ConfigError, match="cannot be read as JSON"):
         quality.suites_for("broken", directory=tmp_path)

@@ -37,8 +37,9 @@ def pipeline_run(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Any:
     start = recent_start_ms(120, int(time.time() * 1000))  # a live-looking source, so freshness can pass
     workload = generate_workload(tmp_path_factory.mktemp("dagster") / "sample", transactions=120, seed=11, start_ms=start)
     defs = build_defs(workload.config_path)
-    result = defs.get_job_def(PIPELINE_JOB).execute_in_process(instance=DagsterInstance.ephemeral())
-    return workload, defs, result
+    instance = DagsterInstance.ephemeral()
+    result = defs.resolve_job_def(PIPELINE_JOB).execute_in_process(instance=instance)
+    return workload, defs, result, instance
 
 
 def evaluations(result: Any) -> dict[tuple[str, str], Any]:
@@ -46,7 +47,7 @@ def evaluations(result: Any) -> dict[tuple[str, str], Any]:
 
 
 def test_cdc_pipeline_materialises_everything_and_every_check_passes(pipeline_run: Any) -> None:
-    workload, defs, result = pipeline_run
+    workload, defs, result, _ = pipeline_run
     assert result.success
     materialised = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     for name in ("raw_change_events", "transaction_markers", "dead_letter", "pipeline_metrics", "transactions",
@@ -61,3 +62,48 @@ def test_cdc_pipeline_materialises_everything_and_every_check_passes(pipeline_ru
     # The sample has one malformed line: the dead-letter check warns, it does not fail the run.
     dead = evals[("dead_letter", "new_dead_letters")]
     assert not dead.passed and dead.severity.value == "WARN" and dead.metadata["new_dead_letters"].value == 1
+
+
+def test_a_corrupted_lake_turns_the_matching_checks_red(pipeline_run: Any, spark: Any) -> None:
+    """A row removed from a latest-state table, and a transaction that lost an event."""
+    import json
+    import time
+
+    from cdc_platform import lake
+    from cdc_platform.config import load_config
+    from cdc_platform.ingest import IngestJob
+
+    workload, defs, _, instance = pipeline_run
+    config = load_config(workload.config_path)
+    ids = lake.open_table(config.lake / "customers").to_pyarrow_table(columns=["id", "_deleted"]).to_pylist()
+    victim = min(r["id"] for r in ids if not r["_deleted"])
+    lake.open_table(config.lake / "customers").delete(f"id = {victim}")
+
+    now = int(time.time() * 1000)
+    gtid = "00000000-0000-0000-0000-00000000dead:1"
+    source = {"connector": "mysql", "name": "payments", "db": "payments", "file": "mysql-bin.000099", "row": 0}
+    lines = [
+        json.dumps({"status": "BEGIN", "id": gtid, "ts_ms": now, "event_count": None, "data_collections": None}),
+        json.dumps({"status": "END", "id": gtid, "ts_ms": now, "event_count": 2,
+                    "data_collections": [{"data_collection": "payments.charges", "event_count": 2}]}),
+        json.dumps({"before": None, "after": {"id": 990001, "customer_id": 1, "amount_cents": 5, "currency": "EUR", "status": "pending", "updated_at": now},
+                    "source": source | {"table": "charges", "ts_ms": now, "pos": 10}, "op": "c", "ts_ms": now + 5,
+                    "transaction": {"id": gtid, "total_order": 1, "data_collection_order": 1}}),
+        json.dumps({"before": None, "after": {"id": 990002, "name": "later", "email": "l@example.com", "country": "NL", "created_at": now},
+                    "source": source | {"table": "customers", "ts_ms": now + 600_000, "pos": 20}, "op": "c", "ts_ms": now + 600_005, "transaction": None}),
+    ]
+    (config.landing / "late").mkdir()
+    (config.landing / "late" / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    IngestJob(config).run_available_now(spark)
+
+    checks_run = defs.resolve_job_def("coverage_and_completeness_checks").execute_in_process(instance=instance, raise_on_error=False)
+    evals = evaluations(checks_run)
+    coverage = evals[("customers", "coverage")]
+    assert not coverage.passed and coverage.severity.value == "ERROR"
+    assert coverage.metadata["missing"].value == 1
+    assert coverage.metadata["mismatched_keys"].value == {"missing": [json.dumps({"id": victim}, separators=(",", ":"))]}
+    assert evals[("charges", "coverage")].passed
+    completeness = evals[("transactions", "completeness")]
+    assert not completeness.passed
+    assert gtid in completeness.metadata["mismatched_transactions"].value
+    assert gtid in completeness.description
