@@ -210,10 +210,14 @@ def run_trials(
             logfile.close()
             result = TrialResult(number, mode, time.perf_counter() - started, alive, feeder.landed, note)
             if not alive:
-                result.note = f"cdc stream exited by itself with {proc.returncode}; see {logfile.name}"
+                errors = [ln for ln in Path(logfile.name).read_text(encoding="utf-8", errors="replace").splitlines() if ln.startswith("error:")]
+                result.note = f"cdc stream exited by itself with {proc.returncode}: {(errors or ['(no error line)'])[-1][:300]}"
             report.trials.append(result)
             log(f"trial {number:3d}/{trials} {mode:<13} {'killed' if alive else 'EXITED'} after {result.seconds_alive:5.1f} s; "
                 f"{feeder.landed}/{feeder.total} files landed; {result.note}")
+            if len(report.trials) >= 3 and not any(t.killed for t in report.trials[-3:]):
+                log("the stream failed to start three times in a row: the lake is stuck, stopping the trials here")
+                break
     finally:
         stop_feeding.set()
         feeding.join()

@@ -1,0 +1,232 @@
+"""Throughput of `cdc run` against the physical limit of this machine, on one workload, in one process.
+
+(a) the limit: Spark reads the landing files and writes them as plain Parquet (no parsing, no dedup,
+    no merge); (b) the pipeline: `IngestJob(config).run_available_now(spark)`, exactly what `cdc run`
+    does (raw log + every stage `ingest.default_stages()` finds at the time), over the same files.
+Both use the same session (`get_spark()`), after one warm-up scan that fills the page cache and the
+JIT, so the ratio (b)/(a) compares work, not start-up. A per-batch chart shows where (b) spends time.
+
+    .venv/bin/python benchmarks/throughput.py                  # >= 1M change events (~2.5M lines)
+    .venv/bin/python benchmarks/throughput.py --events 100000  # quick look
+    .venv/bin/python benchmarks/throughput.py --parse-only     # the parser alone, one core, profiled
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import OUT, MemorySampler, banner, fresh_dir, load_average, memory_line, say, stage_names, transactions_for, workload
+
+#: Files per micro-batch for the benchmark; see benchmarks/README.md for the sweep that chose it.
+DEFAULT_MAX_FILES = 1000
+
+
+def run_limit(spark: Any, landing: Path, target: Path) -> float:
+    t0 = time.perf_counter()
+    spark.read.option("recursiveFileLookup", "true").text(str(landing)).write.mode("overwrite").parquet(str(target))
+    return time.perf_counter() - t0
+
+
+def batch_rows(lake_dir: Path) -> list[dict[str, Any]]:
+    """pipeline_metrics rows of the run, in batch order (delta-rs, not Spark: this is bookkeeping)."""
+    from cdc_platform import lake
+
+    rows = lake.open_table(lake_dir / "pipeline_metrics").to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: r["batch_id"])
+
+
+def chart(rows: list[dict[str, Any]], run_started: float, run_started_wall: float, path: Path, title: str) -> None:
+    """Stacked bars per batch: Spark's share (scan + parse + transfer, outside foreachBatch) and each stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order: list[str] = []
+    for r in rows:
+        for k, _ in r["stage_seconds"]:
+            if k not in order:
+                order.append(k)
+    spark_part: list[float] = []
+    previous_end = run_started_wall
+    for r in rows:
+        spark_part.append(max(0.0, r["started_at"].timestamp() - previous_end))
+        previous_end = r["finished_at"].timestamp()
+    ids = [r["batch_id"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.35), 5))
+    bottom = [0.0] * len(rows)
+    series = [("spark: scan + parse + to driver", spark_part)]
+    for name in order:
+        series.append((f"stage {name}", [dict(r["stage_seconds"]).get(name, 0.0) for r in rows]))
+    other = [
+        max(0.0, (r["finished_at"] - r["started_at"]).total_seconds() - sum(v for _, v in r["stage_seconds"])) for r in rows
+    ]
+    series.append(("other (split, metrics)", other))
+    for label, values in series:
+        ax.bar(ids, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xlabel("micro-batch id")
+    ax.set_ylabel("seconds")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_only(w: Any, limit_lines: int) -> None:
+    """The mapInArrow body alone, on this core: what parsing costs before Spark moves any byte."""
+    import cProfile
+    import pstats
+
+    import pyarrow as pa
+
+    from cdc_platform.config import load_config
+    from cdc_platform.envelope import KeySpec, parse_arrow_batches
+
+    keys = KeySpec(dict(load_config(w.config_path).keys_by_source))
+    lines: list[str] = []
+    files: list[str] = []
+    for path in sorted(w.landing.rglob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            lines.append(line)
+            files.append(str(path))
+            if len(lines) >= limit_lines:
+                break
+        if len(lines) >= limit_lines:
+            break
+    batches = [
+        pa.RecordBatch.from_pydict({"value": lines[i : i + 10_000], "source_file": files[i : i + 10_000]})
+        for i in range(0, len(lines), 10_000)
+    ]
+    banner(f"parser alone: {len(lines):,} lines")
+    t0 = time.perf_counter()
+    out = sum(b.num_rows for b in parse_arrow_batches(iter(batches), keys))
+    seconds = time.perf_counter() - t0
+    say(f"parse_arrow_batches: {out:,} lines in {seconds:.2f} s = {out / seconds:,.0f} lines/s on one core  [{load_average()}]")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in parse_arrow_batches(iter(batches[:10]), keys):
+        pass
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000, help="at least this many change events (default 1,000,000)")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--events-per-file", type=int, default=500, help="lines per landing file (generator default 500)")
+    parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES, help=f"files per micro-batch (default {DEFAULT_MAX_FILES})")
+    parser.add_argument("--skip-limit", action="store_true", help="measure the pipeline only")
+    parser.add_argument("--parse-only", action="store_true", help="time and profile the parser alone, no Spark")
+    parser.add_argument("--parse-lines", type=int, default=200_000, help="lines for --parse-only")
+    args = parser.parse_args()
+
+    w = workload(transactions_for(args.events), args.seed, args.events_per_file)
+    f = w.facts
+    banner("throughput benchmark")
+    say(
+        f"workload: {f['transactions']:,} transactions -> {w.change_events:,} change events, {w.lines:,} lines "
+        f"({f['markers']:,} markers, {f['duplicate_events']:,} redeliveries, {f['tombstones']:,} tombstones, "
+        f"{f['malformed_lines']:,} malformed) in {f['files']:,} files, {f['bytes'] / 2**20:,.0f} MiB; {w.landing}"
+    )
+    if args.parse_only:
+        parse_only(w, args.parse_lines)
+        return 0
+
+    from cdc_platform import ingest
+    from cdc_platform.config import load_config, with_overrides
+    from cdc_platform.ingest import IngestJob
+    from cdc_platform.session import get_spark
+
+    run_dir = OUT / "throughput"
+    fresh_dir(run_dir)
+    t0 = time.perf_counter()
+    spark = get_spark("cdc-benchmark-throughput")
+    say(f"spark started in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    warm_lines = spark.read.option("recursiveFileLookup", "true").text(str(w.landing)).count()
+    say(f"warm-up scan: {warm_lines:,} lines in {time.perf_counter() - t0:.1f} s (page cache, JIT)")
+
+    results: dict[str, Any] = {"workload": f, "max_files_per_trigger": args.max_files_per_trigger}
+    if not args.skip_limit:
+        run_limit(spark, w.landing, run_dir / "limit-warmup")  # the first write pays the Parquet writer's JIT
+        mem = MemorySampler().start()
+        limit_s = run_limit(spark, w.landing, run_dir / "limit")
+        limit_mem = mem.stop()
+        results["limit"] = {"seconds": limit_s, "memory": limit_mem, "load": load_average()}
+        say(
+            f"(a) limit, text -> plain Parquet: {limit_s:.1f} s = {w.change_events / limit_s:,.0f} change events/s "
+            f"({w.lines / limit_s:,.0f} lines/s)  [{load_average()}]"
+        )
+        say(f"    {memory_line(limit_mem)}")
+
+    config = with_overrides(
+        load_config(w.config_path),
+        lake=run_dir / "lake",
+        checkpoint=None,
+        max_files_per_trigger=args.max_files_per_trigger,
+    )
+    job = IngestJob(config)
+    say(f"(b) cdc run: stages that ran: {', '.join(stage_names(job))} (default_stages found: "
+        f"{', '.join(type(s).__name__ for s in ingest.default_stages(config)) or 'none'}); "
+        f"max_files_per_trigger={args.max_files_per_trigger}")
+    mem = MemorySampler().start()
+    wall0 = time.time()
+    t0 = time.perf_counter()
+    report = job.run_available_now(spark)
+    run_s = time.perf_counter() - t0
+    run_mem = mem.stop()
+    landed = report.landed()
+    rows = batch_rows(config.lake)
+    results["pipeline"] = {
+        "seconds": run_s,
+        "batches": len(report.batches),
+        "memory": run_mem,
+        "landed": landed,
+        "rows_read": report.total("rows_read"),
+        "load": load_average(),
+        "stages": stage_names(job),
+    }
+    say(
+        f"(b) cdc run: {run_s:.1f} s = {w.change_events / run_s:,.0f} change events/s ({report.total('rows_read') / run_s:,.0f} lines/s), "
+        f"{len(report.batches)} batches  [{load_average()}]"
+    )
+    say(f"    {memory_line(run_mem)}")
+    in_batches = sum(b.seconds for b in report.batches)
+    by_stage: dict[str, float] = {}
+    for b in report.batches:
+        for k, v in b.stage_seconds.items():
+            by_stage[k] = by_stage.get(k, 0.0) + v
+    say(
+        f"    where the time went: spark scan + parse + transfer {run_s - in_batches:.1f} s; "
+        + ", ".join(f"stage {k} {v:.1f} s" for k, v in by_stage.items())
+        + f", other {in_batches - sum(by_stage.values()):.1f} s"
+    )
+    ok_lines = report.total("rows_read") == w.lines
+    ok_events = landed.get(ingest.RAW, 0) == w.change_events
+    say(
+        f"    accounting: lines read {report.total('rows_read'):,} (expected {w.lines:,}) {'OK' if ok_lines else 'MISMATCH'}; "
+        f"raw events landed {landed.get(ingest.RAW, 0):,} (expected {w.change_events:,}) {'OK' if ok_events else 'MISMATCH'}; "
+        f"landed per table: {json.dumps(landed, sort_keys=True)}"
+    )
+    if "limit" in results:
+        ratio = results["limit"]["seconds"] / run_s
+        results["ratio"] = ratio
+        say(f"ratio (b)/(a) = {ratio:.2f}  (target >= 0.5)  [{load_average()}]")
+    png = OUT / "throughput_batches.png"
+    chart(rows, t0, wall0, png, f"cdc run per batch: {w.change_events:,} change events, {w.change_events / run_s:,.0f} events/s, "
+          f"{args.max_files_per_trigger} files/batch; {load_average()}")
+    say(f"chart: {png}")
+    (OUT / "throughput.json").write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
+    return 0 if ok_lines and ok_events else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
