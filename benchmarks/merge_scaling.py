@@ -197,7 +197,7 @@ def delta_rows(path: Path) -> int:
     return int(sum(n for layer, n in zip(actions.column(col).to_pylist(), actions.column("num_records").to_pylist()) if layer == DELTA))
 
 
-def run_size(spark: Any, rows: int, patterns: list[str], batches: int, repeats: int) -> list[dict[str, Any]]:
+def run_size(spark: Any, rows: int, patterns: list[str], batches: int, repeats: int, threshold: bool = True) -> list[dict[str, Any]]:
     root = OUT / f"rows-{rows}"
     if root.exists():
         shutil.rmtree(root)
@@ -244,7 +244,33 @@ def run_size(spark: Any, rows: int, patterns: list[str], batches: int, repeats: 
         say(f"  {pattern:<8} apply {r['apply']:.3f} s (max {r['apply_max']:.3f}); full view with {pending:,} pending: count {r['count']:.2f} s, "
             f"aggregate {r['aggregate']:.2f} s, lookup {r['lookup']:.2f} s; compaction of {folded:,} {compact_all:.2f} s, "
             f"of one batch {cow:.2f} s  [{load()}]")
+    if threshold:
+        results.append(threshold_compaction(path, cfg, rows, next_id, next_pos))
     return results
+
+
+def threshold_compaction(path: Path, cfg: PlatformConfig, rows: int, next_id: int, next_pos: int) -> dict[str, Any]:
+    """The stream's own compaction at its threshold (max(100k, 10% of the base) pending changes, uniform
+    keys: the worst case), and what it adds per 10k batch when spread over the batches that filled it."""
+    from cdc_platform.latest_state import COMPACT_MIN_CHANGES, COMPACT_RATIO
+
+    pending = int(max(COMPACT_MIN_CHANGES, COMPACT_RATIO * rows))
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, rows, pending)
+    chunk = base_chunk(0, pending)
+    chunk = chunk.set_column(0, "id", pa.array(ids))
+    chunk = chunk.set_column(chunk.schema.get_field_index("_position"), "_position", position(np.arange(next_pos, next_pos + pending)))
+    chunk = chunk.set_column(chunk.schema.get_field_index("_op"), "_op", pa.array(["u"] * pending))
+    chunk = chunk.set_column(chunk.schema.get_field_index("_seq"), "_seq", pa.array(np.full(pending, 10**6, dtype=np.int64)))
+    chunk = chunk.set_column(chunk.schema.get_field_index(LAYER), LAYER, pa.array([DELTA] * pending))
+    for i in range(0, pending, BATCH):  # one file per batch, as the stream writes them
+        write_deltalake(str(path), chunk.slice(i, BATCH), mode="append", partition_by=[LAYER])
+    t = time.perf_counter()
+    compact(path, cfg.tables[0])
+    seconds = time.perf_counter() - t
+    r = {"rows": rows, "pattern": "threshold", "pending": pending, "compact": seconds, "per_batch": seconds * BATCH / pending}
+    say(f"  stream compaction at its threshold: {pending:,} pending changes folded in {seconds:.2f} s = {r['per_batch']:.3f} s per 10k batch amortised  [{load()}]")
+    return r
 
 
 def main() -> None:
@@ -260,7 +286,7 @@ def main() -> None:
     started = time.perf_counter()
     say(f"== merge_scaling == {time.strftime('%Y-%m-%d %H:%M:%S')}  {load()}")
     spark = get_spark("cdc-merge-scaling")
-    run_size(spark, 10_000, ["uniform"], 1, 1)  # JIT, Python workers, caches: not reported
+    run_size(spark, 10_000, ["uniform"], 1, 1, threshold=False)  # JIT, Python workers, caches: not reported
     shutil.rmtree(OUT / "rows-10000", ignore_errors=True)
     results: list[dict[str, Any]] = []
     for rows in sorted(args.sizes):
@@ -273,6 +299,8 @@ def main() -> None:
     say(header)
     say("-" * len(header))
     for r in results:
+        if r["pattern"] == "threshold":
+            continue
         say(f"{r['rows']:>11,} {r['pattern']:<8} {r['apply']:>8.3f} {r['pending']:>8,} {r['count']:>8.2f} {r['aggregate']:>7.2f} {r['lookup']:>9.2f} "
             f"{r['compact']:>10.2f} {r['cow']:>10.2f}")
     say("")
@@ -284,6 +312,11 @@ def main() -> None:
         say(f"{pattern:<8} largest/smallest ({large:,} vs {small:,} rows): apply {by[large]['apply'] / by[small]['apply']:.2f}x "
             f"(target <= 1.5x), full-view count {by[large]['count'] / by[small]['count']:.2f}x, "
             f"copy-on-write MERGE of one batch {by[large]['cow'] / by[small]['cow']:.2f}x")
+    say("")
+    say("Compaction by the stream at its threshold, max(100k, 10% of the base) pending changes with uniform keys (the worst case):")
+    for r in results:
+        if r["pattern"] == "threshold":
+            say(f"{r['rows']:>11,} rows: {r['pending']:>9,} changes folded in {r['compact']:6.2f} s = {r['per_batch']:.3f} s per 10k-change batch amortised")
     say(f"total {time.perf_counter() - started:.0f} s, {load()}")
     (OUT / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
 

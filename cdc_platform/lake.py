@@ -154,7 +154,12 @@ def spark_schema(table: DeltaTable) -> Any:
 
 def read_table(spark: SparkSession, path: Path) -> DataFrame:
     """A Spark DataFrame of the table's current snapshot (explicit schema so empty tables work)."""
-    table = open_table(path)
+    return read_snapshot(spark, open_table(path), path)
+
+
+def read_snapshot(spark: SparkSession, table: DeltaTable, path: Path) -> DataFrame:
+    """A Spark DataFrame of exactly the snapshot `table` holds, for a reader that also looked at that
+    snapshot's log (schema, file statistics) and must see the same version in Spark."""
     files = table.file_uris()
     reader = spark.read.schema(spark_schema(table))
     if not files:

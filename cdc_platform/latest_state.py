@@ -1060,9 +1060,25 @@ def stored_view_name(name: str) -> str:
     return f"{name}__stored"
 
 
+def snapshot_facts(table: DeltaTable, key: Sequence[str]) -> tuple[bool, bool]:
+    """(delta rows pending, truncate markers possible) in this snapshot, from its log's file statistics."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return False, False
+    layer = f"partition.{LAYER}"
+    pending = layer not in actions.column_names or pc.any(pc.equal(actions.column(layer), DELTA)).as_py() is True
+    nulls = f"null_count.{key[0]}" if key else ""
+    if not key or nulls not in actions.column_names or actions.column(nulls).null_count:
+        return pending, True  # no statistics: assume markers may exist
+    return pending, bool(pc.sum(actions.column(nulls)).as_py())
+
+
 def register_views(spark: SparkSession, lake_dir: Path) -> list[str]:
     """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
     latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
+
+    Each view is planned for the snapshot it reads: the SQL and the Spark file list come from one
+    DeltaTable object, so the view skips folding work only when that very snapshot has none to do.
     """
     names: list[str] = []
     present = lake.lake_tables(lake_dir)
@@ -1070,18 +1086,20 @@ def register_views(spark: SparkSession, lake_dir: Path) -> list[str]:
         if table.name not in present:
             continue
         path = present[table.name]
-        schema = table_schema(path)
+        snapshot = lake.open_table(path)
+        schema = pa.schema(snapshot.schema().to_arrow())
         stored = stored_view_name(table.name)
-        lake.read_table(spark, path).createOrReplaceTempView(lake.quote_identifier(stored))
+        lake.read_snapshot(spark, snapshot, path).createOrReplaceTempView(lake.quote_identifier(stored))
         names.append(stored)
-        columns = source_columns(schema)
-        statements = views.latest_state_views(table, columns, stored, salt=mask_salt(table))
+        pending, truncates = snapshot_facts(snapshot, table.key)
+        statements = views.latest_state_views(table, source_columns(schema), stored, salt=mask_salt(table), pending=pending, truncates=truncates)
         if table.history and table.history_name in present:
             hpath = present[table.history_name]
+            hsnap = lake.open_table(hpath)
             hstored = stored_view_name(table.history_name)
-            lake.read_table(spark, hpath).createOrReplaceTempView(lake.quote_identifier(hstored))
+            lake.read_snapshot(spark, hsnap, hpath).createOrReplaceTempView(lake.quote_identifier(hstored))
             names.append(hstored)
-            hcols = source_columns(table_schema(hpath), HISTORY_META)
+            hcols = source_columns(pa.schema(hsnap.schema().to_arrow()), HISTORY_META)
             statements.append((table.history_name, views.history_sql(hstored, hcols, table.key)))
         for view, sql in statements:
             spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")

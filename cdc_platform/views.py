@@ -90,28 +90,25 @@ def _keys_present(key: Sequence[str], alias: str | None = None, *, present: bool
     return " AND ".join(f"{prefix}{q(k)} {test}" for k in key)
 
 
-def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str]) -> str:
+def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *, pending: bool = True, truncates: bool = True) -> str:
     """The current state with tombstones: base and delta layers folded by the highest `_position` per key.
 
     The delta side is small (compaction bounds it), so both joins broadcast it and the base is scanned
     once in full plus once for its key columns; a filter on key columns prunes both scans. An equal
     position keeps the base row (the one stored first), so a replayed change never wins. A truncate
     marker (key columns null, `_op` t) turns every row below its position into a tombstone.
+
+    `pending=False` (no delta rows in the registered snapshot) and `truncates=False` (no markers in it)
+    drop the parts of the plan that would find nothing; the caller decides from the same snapshot's log.
     """
     if not key or not all(k in columns for k in key):
         # No keyed row has landed yet (e.g. only a truncate): an empty state with the right columns.
         return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
     rows = [*columns, *STATE_META, "_seq"]
-    newer = f"r.{q(key[0])} IS NOT NULL AND r.`_position` > b.`_position`"
-    picked = ", ".join(f"b.{q(c)} AS {q(c)}" if c in key else f"CASE WHEN {newer} THEN r.{q(c)} ELSE b.{q(c)} END AS {q(c)}" for c in rows)
-    cut = "f.`_position` < t.`_position`"
-    out = [f"f.{q(c)}" if c in key else f"CASE WHEN {cut} THEN NULL ELSE f.{q(c)} END AS {q(c)}" for c in columns]
-    out += [f"CASE WHEN {cut} THEN 't' ELSE f.`_op` END AS `_op`", f"CASE WHEN {cut} THEN true ELSE f.`_deleted` END AS `_deleted`",
-            f"CASE WHEN {cut} THEN t.`_position` ELSE f.`_position` END AS `_position`"]
-    out += [f"CASE WHEN {cut} THEN t.{q(c)} ELSE f.{q(c)} END AS {q(c)}" for c in _MARKER_META]
-    marker = ", ".join(["max(`_position`) AS `_position`", *(f"max_by({q(c)}, `_position`) AS {q(c)}" for c in _MARKER_META)])
-    return f"""
-WITH `__base` AS (
+    if pending:
+        newer = f"r.{q(key[0])} IS NOT NULL AND r.`_position` > b.`_position`"
+        picked = ", ".join(f"b.{q(c)} AS {q(c)}" if c in key else f"CASE WHEN {newer} THEN r.{q(c)} ELSE b.{q(c)} END AS {q(c)}" for c in rows)
+        folded = f"""`__base` AS (
   SELECT {_cols(rows)} FROM {q(stored)} WHERE `_layer` = 'base' AND {_keys_present(key)}
 ),
 `__recent` AS (
@@ -129,7 +126,21 @@ WITH `__base` AS (
   UNION ALL
   SELECT /*+ BROADCAST(i) */ {_cols(rows, 'r')}
   FROM `__recent` r LEFT ANTI JOIN `__in_base` i ON {_keys_equal(key, 'r', 'i')}
-),
+)"""
+    else:
+        folded = f"""`__folded` AS (
+  SELECT {_cols(rows)} FROM {q(stored)} WHERE `_layer` = 'base' AND {_keys_present(key)}
+)"""
+    if not truncates:
+        return f"WITH {folded}\nSELECT {_cols([*columns, *STATE_META])} FROM `__folded`"
+    cut = "f.`_position` < t.`_position`"
+    out = [f"f.{q(c)}" if c in key else f"CASE WHEN {cut} THEN NULL ELSE f.{q(c)} END AS {q(c)}" for c in columns]
+    out += [f"CASE WHEN {cut} THEN 't' ELSE f.`_op` END AS `_op`", f"CASE WHEN {cut} THEN true ELSE f.`_deleted` END AS `_deleted`",
+            f"CASE WHEN {cut} THEN t.`_position` ELSE f.`_position` END AS `_position`"]
+    out += [f"CASE WHEN {cut} THEN t.{q(c)} ELSE f.{q(c)} END AS {q(c)}" for c in _MARKER_META]
+    marker = ", ".join(["max(`_position`) AS `_position`", *(f"max_by({q(c)}, `_position`) AS {q(c)}" for c in _MARKER_META)])
+    return f"""
+WITH {folded},
 `__truncate` AS (
   SELECT {marker} FROM {q(stored)} WHERE `_op` = 't' AND {_keys_present(key, present=False)}
 )
@@ -225,7 +236,9 @@ FROM `__bounded` WHERE `__first_cut` = 1 AND NOT `_deleted`
 """
 
 
-def latest_state_views(table: TableConfig, columns: Mapping[str, Any], stored: str, salt: bytes | None) -> list[tuple[str, str]]:
+def latest_state_views(
+    table: TableConfig, columns: Mapping[str, Any], stored: str, salt: bytes | None, *, pending: bool = True, truncates: bool = True
+) -> list[tuple[str, str]]:
     """(view name, SQL) for `<name>`, `<name>__full_view` and `<name>__clean_view`, in dependency order.
 
     `columns` maps source column names to Arrow types (binary columns hash their bytes).
@@ -236,7 +249,7 @@ def latest_state_views(table: TableConfig, columns: Mapping[str, Any], stored: s
     full = f"{table.name}__full_view"
     typed = [(c, pa.types.is_binary(t) or pa.types.is_large_binary(t)) for c, t in columns.items()]
     return [
-        (table.name, latest_state_sql(stored, names, table.key)),
+        (table.name, latest_state_sql(stored, names, table.key, pending=pending, truncates=truncates)),
         (full, full_view_sql(table.name, names)),
         (f"{table.name}__clean_view", clean_view_sql(full, typed, table.mask, table.mask_mode, salt)),
     ]

@@ -92,6 +92,9 @@ def test_view_sql_is_generated_from_one_place() -> None:
     assert "`E`" not in clean_view_sql("f", [("id", False), ("E", False)], ["e"], "remove", None)
     empty = latest_state_sql("t__stored", [], ["id"])
     assert "WHERE false" in empty
+    compacted = latest_state_sql("t__stored", ["id", "x"], ["id"], pending=False, truncates=False)
+    assert "JOIN" not in compacted and "`_layer` = 'base'" in compacted  # nothing to fold: a plain scan
+    assert "CROSS JOIN" in latest_state_sql("t__stored", ["id", "x"], ["id"], pending=False)
 
 
 @pytest.mark.parametrize("mode", ["hash", "remove"])
