@@ -150,9 +150,8 @@ def read_snapshot(config: PlatformConfig, table: TableConfig) -> list[tuple[str,
 
 def _newest_raw_positions(config: PlatformConfig, table: TableConfig) -> dict[str, tuple[str, str]]:
     """Per key, the highest position in the raw log and the op there (DBLog's 'log event in the window')."""
-    raw = lake.open_table(lake.table_path(config.lake, RAW)).to_pyarrow_dataset().to_table(
-        columns=["key", "op", "before", "position", "tx_total_order"], filter=pc.field("table_id") == table.source
-    )
+    raw = lake.scan(lake.open_table(lake.table_path(config.lake, RAW)), ["table_id", "key", "op", "before", "position"],
+                    pc.field("table_id") == table.source)
     newest: dict[str, tuple[str, str]] = {}
     truncated_at = ""
     for key, op, before, position in zip(*(raw.column(c).to_pylist() for c in ("key", "op", "before", "position"))):

@@ -144,6 +144,23 @@ def insert_new_once(
     return int(metrics.get("num_target_rows_inserted", 0))
 
 
+def scan(
+    table: DeltaTable,
+    columns: list[str],
+    where: Any = None,
+    partitions: list[tuple[str, str, Any]] | None = None,
+) -> pa.Table:
+    """Columns of a table's snapshot, filtered by `where` (a pyarrow expression over `columns`).
+
+    delta-rs MERGE writes parquet files whose string columns are `string_view`, while the table schema
+    says `string`; a pyarrow dataset filter bound to one fails on fragments of the other ("no kernel
+    matching input types (string, string_view)"). So the filter runs in memory, after the scan has cast
+    every file to the table schema; `partitions` (partition columns are not in the files) is pushed down.
+    """
+    data = table.to_pyarrow_dataset(partitions=partitions).to_table(columns=columns)
+    return data if where is None else data.filter(where)
+
+
 # --- Spark side -----------------------------------------------------------------------------------
 
 def spark_schema(table: DeltaTable) -> Any:

@@ -924,10 +924,10 @@ def _newest(rows: pa.Table) -> pa.Table:
 
 
 def _newest_marker(state: DeltaTable, key: Sequence[str]) -> dict[str, Any] | None:
-    base = state.to_pyarrow_dataset().to_table(
-        filter=(pc.field(LAYER) == BASE) & _key_filter(key, null=True) & (pc.field("_op") == "t"),
-        columns=["_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id"],
-    )
+    base = lake.scan(
+        state, [*key, "_op", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id"],
+        _key_filter(key, null=True) & (pc.field("_op") == "t"), partitions=[(LAYER, "=", BASE)],
+    ).select(["_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id"])
     if base.num_rows == 0:
         return None
     return _newest(base).to_pylist()[0]
@@ -1009,7 +1009,7 @@ def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], N
     raw_path = lake.table_path(config.lake, RAW)
     if not lake.exists(raw_path):
         raise LakeError(f"{config.lake} has no raw_change_events; run `cdc run --config ...` before `cdc rebuild`")
-    raw = lake.open_table(raw_path).to_pyarrow_dataset().to_table(filter=pc.field("table_id") == table.source)
+    raw = lake.scan(lake.open_table(raw_path), [f.name for f in schemas.RAW_CHANGE_EVENTS], pc.field("table_id") == table.source)
     events = Events(raw)
     say(f"rebuilding {name} from {len(events):,} raw events of {table.source} ...")
     rows, bad = change_rows(events, table.key)

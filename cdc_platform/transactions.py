@@ -1113,9 +1113,8 @@ class TransactionStage:
         open_ids = state.filter(pc.equal(state.column("entry"), OPEN)).column("transaction_id")
         if len(open_ids) == 0:
             return state
-        done = lake.open_table(self._path(config, INCOMPLETE)).to_pyarrow_table(
-            columns=["transaction_id"], filters=[("expired_by", "=", PROCESSING_TIME)]
-        )
+        done = lake.scan(lake.open_table(self._path(config, INCOMPLETE)), ["transaction_id", "expired_by"],
+                         pc.field("expired_by") == PROCESSING_TIME)
         orphans = pc.unique(_arr(done.column("transaction_id")).filter(pc.is_in(_arr(done.column("transaction_id")), value_set=_arr(open_ids))))
         return mark_expired(state, orphans.to_pylist()) if len(orphans) else state
 

@@ -107,3 +107,34 @@ def test_a_corrupted_lake_turns_the_matching_checks_red(pipeline_run: Any, spark
     assert not completeness.passed
     assert gtid in completeness.metadata["mismatched_transactions"].value
     assert gtid in completeness.description
+
+
+def test_snapshot_backfill_partition_dry_run_then_load(pipeline_run: Any, query: Any) -> None:
+    import json
+
+    from dagster import materialize
+
+    from cdc_platform import lake
+    from cdc_platform.config import load_config
+    workload, defs, _, instance = pipeline_run
+    config = load_config(workload.config_path)
+    live = {r["id"]: r for r in query(config, "SELECT id, name FROM customers__full_view")}
+    existing = min(live)
+    snap = config.snapshots / "customers"
+    snap.mkdir(parents=True)
+    (snap / "rows.csv").write_text(f"id,name,email,country,created_at\n{existing},stale name,old@example.com,DE,1\n880001,backfilled,b@example.com,FR,1\n")
+    (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 1}))
+    asset = defs.resolve_assets_def("snapshot_load")  # bound to this lake's `cdc` resource
+    versions = {n: lake.open_table(p).version() for n, p in lake.lake_tables(config.lake).items()}
+
+    dry = materialize([asset], partition_key="customers", instance=instance,
+                      run_config={"ops": {"snapshot_load": {"config": {"dry_run": True}}}})
+    meta = dry.get_asset_materialization_events()[0].materialization.metadata
+    assert meta["dry_run"].value is True and meta["inserted"].value == 1 and meta["skipped_stale"].value == 1
+    assert {n: lake.open_table(p).version() for n, p in lake.lake_tables(config.lake).items()} == versions
+
+    real = materialize([asset], partition_key="customers", instance=instance)
+    assert real.success
+    after = {r["id"]: r["name"] for r in query(config, "SELECT id, name FROM customers__full_view")}
+    assert after[880001] == "backfilled"
+    assert after[existing] == live[existing]["name"], "the streamed row is newer than the snapshot and stays"
