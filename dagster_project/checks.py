@@ -8,7 +8,7 @@ from typing import Any
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, MetadataValue, asset_check
 
-from cdc_platform import checks, quality
+from cdc_platform import backfill, checks, quality
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import quote_identifier, table_path
 from dagster_project.resources import CdcResource
@@ -60,9 +60,13 @@ def gx_check(table: str, keys: tuple[str, ...] = (), latest_state: bool = False)
 
 def coverage_check(table: TableConfig) -> AssetChecksDefinition:
     @asset_check(asset=table.name, name="coverage",
-                 description="Every live key of the raw log is in the latest state at its position, and nothing else is.")
+                 description="Every live key of the raw log is in the latest state at its position, and nothing else is; "
+                             "with a source snapshot in snapshots/<table>/, source rows vs lake rows too.")
     def _check(cdc: CdcResource) -> AssetCheckResult:
-        return to_result(checks.coverage(cdc.spark(), cdc.lake, table))
+        outcomes = [checks.coverage(cdc.spark(), cdc.lake, table)]
+        if backfill.snapshot_dir(cdc.config, table).is_dir():
+            outcomes.append(backfill.compare_snapshot(cdc.config, table.name))
+        return to_result(_combine(outcomes, ""))
 
     return _check
 

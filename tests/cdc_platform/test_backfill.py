@@ -101,3 +101,19 @@ def test_missing_inputs_are_clear_errors(streamed) -> None:
         backfill.load_snapshot(streamed, "customers", dry_run=True)
     with pytest.raises(ConfigError, match="no configured table is named 'nope'"):
         backfill.load_snapshot(streamed, "nope")
+
+
+def test_snapshot_coverage_names_missing_extra_and_different_rows(streamed) -> None:
+    snap = backfill.snapshot_dir(streamed, streamed.table("customers"))
+    (snap / "rows.csv").write_text("id,name\n1,ann old\n")  # as of pos 200: id 1 (later updated), id 2 was deleted at 250
+    ok = backfill.compare_snapshot(streamed, "customers")
+    assert ok.passed, ok.description
+    assert ok.metadata["newer_in_lake"] == 1 and ok.metadata["snapshot_coverage_percent"] == 100.0
+    (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 400}))
+    (snap / "rows.csv").write_text("id,name\n1,ann v3\n7,gus\n")  # as of pos 400: id 1 differs, id 7 never landed
+    bad = backfill.compare_snapshot(streamed, "customers")
+    assert not bad.passed and bad.metadata["snapshot_coverage_percent"] == 0.0
+    assert bad.metadata["snapshot_mismatched_keys"] == {"missing_in_lake": ['{"id":7}'], "different_values": ['{"id":1}']}
+    (snap / "rows.csv").write_text("id,name\n7,gus\n")
+    extra = backfill.compare_snapshot(streamed, "customers")
+    assert extra.metadata["snapshot_mismatched_keys"]["extra_in_lake"] == ['{"id":1}'], "id 1 was live at pos 300, before the snapshot"
