@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from dagster import (
     AssetKey,
@@ -90,20 +91,35 @@ def ingest_specs(config: PlatformConfig) -> list[AssetSpec]:
     return specs + latest_state_specs(config)
 
 
+def latest_state_rows(spark: Any, config: PlatformConfig) -> dict[str, int]:
+    """Live rows per latest-state table, counted through its full view."""
+    from cdc_platform.views import register_lake
+
+    if not config.tables:
+        return {}
+    register_lake(spark, config.lake)
+    return {t.name: int(spark.sql(f"SELECT count(*) AS n FROM `{t.name}__full_view`").collect()[0]["n"]) for t in config.tables}
+
+
 def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
     specs = ingest_specs(config)
 
     @multi_asset(name="cdc_ingest", specs=specs, can_subset=False, pool="cdc_ingest", op_tags={"cdc/lake": str(config.lake)},
                  description="Runs the streaming ingest with an available-now trigger: everything landed since the last run, exactly once.")
     def cdc_ingest(context, cdc: CdcResource) -> Iterator[MaterializeResult]:  # type: ignore[no-untyped-def]  # Dagster rejects a postponed `context` annotation
-        report = IngestJob(cdc.config, progress=context.log.info).run_available_now(cdc.spark())
+        spark = cdc.spark()
+        report = IngestJob(cdc.config, progress=context.log.info).run_available_now(spark)
         landed = report.landed()
+        live = latest_state_rows(spark, cdc.config)
         for spec in specs:
             name = spec.key.path[-1]
             path = cdc.lake / name
             meta: dict[str, object] = {"landed_this_run": landed.get(name, 0), "batches": len(report.batches)}
             if path.is_dir():
                 meta |= checks.table_stats(path).as_metadata()
+            if name in live:  # the stored rows above include tombstones and not-yet-folded changes
+                meta["stored_rows"] = meta.pop("rows", 0)
+                meta["rows"] = live[name]
             if name == "raw_change_events":
                 meta |= {"lines_read": report.total("rows_read"), "duplicates_skipped": report.total("duplicates_skipped"),
                          "dead_letters": report.total("dead_letters"), "seconds": round(report.seconds, 2)}

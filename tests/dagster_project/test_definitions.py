@@ -59,6 +59,9 @@ def test_cdc_pipeline_materialises_everything_and_every_check_passes(pipeline_ru
     raw_meta = next(e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == "raw_change_events").materialization.metadata
     assert raw_meta["rows"].value == workload.change_events
     assert raw_meta["duplicates_skipped"].value >= workload.duplicate_events
+    customers = next(e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == "customers").materialization.metadata
+    expected_live = sum(1 for row in workload.expected_state["payments.customers"].values() if row is not None)
+    assert customers["rows"].value == expected_live and customers["stored_rows"].value >= expected_live
     # The sample has one malformed line: the dead-letter check warns, it does not fail the run.
     dead = evals[("dead_letter", "new_dead_letters")]
     assert not dead.passed and dead.severity.value == "WARN" and dead.metadata["new_dead_letters"].value == 1
