@@ -170,106 +170,109 @@ def change_batch(batch_id: int, ids: np.ndarray, ops: np.ndarray, first_pos: int
 
 # --- measuring -------------------------------------------------------------------------------------
 
-def timed_queries(spark: Any, lake_dir: Path, repeats: int, probe: int) -> dict[str, float]:
-    from cdc_platform.views import register_lake
+class Bench:
+    """One generated latest-state table and the stream position reached on it."""
 
-    t0 = time.perf_counter()
-    register_lake(spark, lake_dir)
-    out = {"register": time.perf_counter() - t0}
-    queries = {
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        root = OUT / f"rows-{rows}"
+        if root.exists():
+            shutil.rmtree(root)
+        (root / "landing").mkdir(parents=True)
+        self.cfg: PlatformConfig = parse_config({"landing": "landing", "lake": "lake", "tables": {SOURCE: {"key": ["id"]}}}, base=root)
+        self.path = lake.table_path(self.cfg.lake, NAME)
+        self.generate_seconds = write_base(self.path, rows)
+        ensure_tables(self.cfg.lake, self.cfg.tables[0])
+        lake.write_registry(self.cfg)
+        self.mib = sum(f.stat().st_size for f in self.path.rglob("*.parquet")) / 2**20
+        self.rng = np.random.default_rng(rows)
+        self.next_id, self.next_pos, self.batch_id = rows, rows + 1, 0
+        # Compaction is measured on its own below, never inside an apply.
+        self.stage = LatestStateStage(compact_min_changes=10**12)
+
+    def apply(self, pattern: str) -> float:
+        ids, ops = change_keys(self.rng, self.rows, pattern, self.next_id)
+        self.next_id += int((ops == "c").sum())
+        batch = change_batch(self.batch_id, ids, ops, self.next_pos, self.rng)
+        self.next_pos += BATCH
+        t = time.perf_counter()
+        self.stage.apply(batch, BatchContext(self.cfg, "bench", self.batch_id))
+        self.batch_id += 1
+        return time.perf_counter() - t
+
+    def compact(self) -> tuple[int, float]:
+        t = time.perf_counter()
+        folded = compact(self.path, self.cfg.tables[0]).folded
+        return folded, time.perf_counter() - t
+
+    def pending(self) -> int:
+        actions = pa.table(lake.open_table(self.path).get_add_actions(flatten=True))
+        col = f"partition.{LAYER}"
+        return int(sum(n for layer, n in zip(actions.column(col).to_pylist(), actions.column("num_records").to_pylist()) if layer == DELTA))
+
+
+def queries(rows: int, pattern: str) -> dict[str, str]:
+    probe = rows - 1 if pattern == "recent" else rows // 2
+    return {
         "count": f"SELECT count(*) FROM {NAME}__full_view",
         "aggregate": f"SELECT country, count(*), sum(amount) FROM {NAME}__full_view GROUP BY country",
         "lookup": f"SELECT * FROM {NAME}__full_view WHERE id = {probe}",
     }
-    for label, sql in queries.items():
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            spark.sql(sql).collect()
-            best = min(best, time.perf_counter() - t)
-        out[label] = best
-    return out
 
 
-def delta_rows(path: Path) -> int:
-    actions = pa.table(lake.open_table(path).get_add_actions(flatten=True))
-    col = f"partition.{LAYER}"
-    return int(sum(n for layer, n in zip(actions.column(col).to_pylist(), actions.column("num_records").to_pylist()) if layer == DELTA))
+def measure(spark: Any, benches: list[Bench], pattern: str, batches: int, repeats: int) -> list[dict[str, Any]]:
+    """Round-robin over the table sizes, so a change in the machine's load hits every size alike."""
+    from cdc_platform.views import register_lake
 
-
-def run_size(spark: Any, rows: int, patterns: list[str], batches: int, repeats: int, threshold: bool = True) -> list[dict[str, Any]]:
-    root = OUT / f"rows-{rows}"
-    if root.exists():
-        shutil.rmtree(root)
-    cfg: PlatformConfig = parse_config({"landing": "landing", "lake": "lake", "tables": {SOURCE: {"key": ["id"]}}}, base=root)
-    (root / "landing").mkdir(parents=True)
-    path = lake.table_path(cfg.lake, NAME)
-    gen = write_base(path, rows)
-    ensure_tables(cfg.lake, cfg.tables[0])
-    lake.write_registry(cfg)
-    say(f"  generated {rows:,} rows in {gen:.1f} s ({sum(f.stat().st_size for f in path.rglob('*.parquet')) / 2**20:,.0f} MiB)")
-    stage = LatestStateStage()
-    rng = np.random.default_rng(rows)
-    next_id, next_pos, batch_id = rows, rows + 1, 0
+    applies: dict[int, list[float]] = {b.rows: [] for b in benches}
+    for round_ in range(batches + 1):
+        for b in benches:
+            seconds = b.apply(pattern)
+            if round_:  # the first round warms caches
+                applies[b.rows].append(seconds)
+    best: dict[int, dict[str, float]] = {b.rows: {} for b in benches}
+    for _ in range(repeats):
+        for b in benches:
+            register_lake(spark, b.cfg.lake)  # the view names are the same in every lake: register, then query
+            for label, sql in queries(b.rows, pattern).items():
+                t = time.perf_counter()
+                spark.sql(sql).collect()
+                best[b.rows][label] = min(best[b.rows].get(label, float("inf")), time.perf_counter() - t)
     results = []
-    for pattern in patterns:
-        applies = []
-        for b in range(batches + 1):
-            ids, ops = change_keys(rng, rows, pattern, next_id)
-            next_id += int((ops == "c").sum())
-            batch = change_batch(batch_id, ids, ops, next_pos, rng)
-            next_pos += BATCH
-            t = time.perf_counter()
-            stage.apply(batch, BatchContext(cfg, "bench", batch_id))
-            if b > 0:  # the first batch of a pattern warms caches
-                applies.append(time.perf_counter() - t)
-            batch_id += 1
-        pending = delta_rows(path)
-        probe = int(rows - 1 if pattern == "recent" else rows // 2)
-        q = timed_queries(spark, cfg.lake, repeats, probe)
-        t = time.perf_counter()
-        folded = compact(path, cfg.tables[0]).folded
-        compact_all = time.perf_counter() - t
-        ids, ops = change_keys(rng, rows, pattern, next_id)
-        next_id += int((ops == "c").sum())
-        stage.apply(change_batch(batch_id, ids, ops, next_pos, rng), BatchContext(cfg, "bench", batch_id))
-        next_pos += BATCH
-        batch_id += 1
-        t = time.perf_counter()
-        compact(path, cfg.tables[0])
-        cow = time.perf_counter() - t
-        results.append({"rows": rows, "pattern": pattern, "apply": statistics.median(applies), "apply_max": max(applies),
-                        "pending": pending, "folded": folded, "compact": compact_all, "cow": cow, **q})
-        r = results[-1]
-        say(f"  {pattern:<8} apply {r['apply']:.3f} s (max {r['apply_max']:.3f}); full view with {pending:,} pending: count {r['count']:.2f} s, "
-            f"aggregate {r['aggregate']:.2f} s, lookup {r['lookup']:.2f} s; compaction of {folded:,} {compact_all:.2f} s, "
-            f"of one batch {cow:.2f} s  [{load()}]")
-    if threshold:
-        results.append(threshold_compaction(path, cfg, rows, next_id, next_pos))
+    for b in benches:
+        pending = b.pending()
+        folded, compact_all = b.compact()
+        b.apply(pattern)
+        _, cow = b.compact()  # one 10k batch into the base: what copy-on-write pays per batch
+        r = {"rows": b.rows, "pattern": pattern, "apply": statistics.median(applies[b.rows]), "apply_min": min(applies[b.rows]),
+             "apply_max": max(applies[b.rows]), "pending": pending, "folded": folded, "compact": compact_all, "cow": cow, **best[b.rows]}
+        say(f"  {b.rows:>10,} {pattern:<8} apply median {r['apply']:.3f} s (min {r['apply_min']:.3f}, max {r['apply_max']:.3f}); "
+            f"full view with {pending:,} pending: count {r['count']:.2f} s, aggregate {r['aggregate']:.2f} s, lookup {r['lookup']:.2f} s; "
+            f"compaction of {folded:,} {compact_all:.2f} s, of one batch {cow:.2f} s  [{load()}]")
+        results.append(r)
     return results
 
 
-def threshold_compaction(path: Path, cfg: PlatformConfig, rows: int, next_id: int, next_pos: int) -> dict[str, Any]:
+def threshold_compaction(b: Bench) -> dict[str, Any]:
     """The stream's own compaction at its threshold (max(100k, 10% of the base) pending changes, uniform
     keys: the worst case), and what it adds per 10k batch when spread over the batches that filled it."""
     from cdc_platform.latest_state import COMPACT_MIN_CHANGES, COMPACT_RATIO
 
-    pending = int(max(COMPACT_MIN_CHANGES, COMPACT_RATIO * rows))
+    pending = int(max(COMPACT_MIN_CHANGES, COMPACT_RATIO * b.rows))
     rng = np.random.default_rng(7)
-    ids = rng.integers(0, rows, pending)
     chunk = base_chunk(0, pending)
-    chunk = chunk.set_column(0, "id", pa.array(ids))
-    chunk = chunk.set_column(chunk.schema.get_field_index("_position"), "_position", position(np.arange(next_pos, next_pos + pending)))
+    chunk = chunk.set_column(0, "id", pa.array(rng.integers(0, b.rows, pending)))
+    chunk = chunk.set_column(chunk.schema.get_field_index("_position"), "_position", position(np.arange(b.next_pos, b.next_pos + pending)))
     chunk = chunk.set_column(chunk.schema.get_field_index("_op"), "_op", pa.array(["u"] * pending))
     chunk = chunk.set_column(chunk.schema.get_field_index("_seq"), "_seq", pa.array(np.full(pending, 10**6, dtype=np.int64)))
     chunk = chunk.set_column(chunk.schema.get_field_index(LAYER), LAYER, pa.array([DELTA] * pending))
+    b.next_pos += pending
     for i in range(0, pending, BATCH):  # one file per batch, as the stream writes them
-        write_deltalake(str(path), chunk.slice(i, BATCH), mode="append", partition_by=[LAYER])
-    t = time.perf_counter()
-    compact(path, cfg.tables[0])
-    seconds = time.perf_counter() - t
-    r = {"rows": rows, "pattern": "threshold", "pending": pending, "compact": seconds, "per_batch": seconds * BATCH / pending}
-    say(f"  stream compaction at its threshold: {pending:,} pending changes folded in {seconds:.2f} s = {r['per_batch']:.3f} s per 10k batch amortised  [{load()}]")
+        write_deltalake(str(b.path), chunk.slice(i, BATCH), mode="append", partition_by=[LAYER])
+    _, seconds = b.compact()
+    r = {"rows": b.rows, "pattern": "threshold", "pending": pending, "compact": seconds, "per_batch": seconds * BATCH / pending}
+    say(f"  {b.rows:>10,} rows: stream compaction at its threshold, {pending:,} pending changes folded in {seconds:.2f} s "
+        f"= {r['per_batch']:.3f} s per 10k batch amortised  [{load()}]")
     return r
 
 
@@ -277,7 +280,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--patterns", nargs="+", default=["uniform", "recent"], choices=["uniform", "recent"])
-    parser.add_argument("--batches", type=int, default=5, help="measured 10k-change batches per size and pattern (after one warm-up)")
+    parser.add_argument("--batches", type=int, default=8, help="measured 10k-change batches per size and pattern (after one warm-up round)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per view query (the best is kept)")
     args = parser.parse_args()
 
@@ -286,39 +289,44 @@ def main() -> None:
     started = time.perf_counter()
     say(f"== merge_scaling == {time.strftime('%Y-%m-%d %H:%M:%S')}  {load()}")
     spark = get_spark("cdc-merge-scaling")
-    run_size(spark, 10_000, ["uniform"], 1, 1, threshold=False)  # JIT, Python workers, caches: not reported
+    sizes = sorted(args.sizes)
+    warm = Bench(10_000)  # JIT, Python workers, caches: not reported
+    measure(spark, [warm], "uniform", 1, 1)
     shutil.rmtree(OUT / "rows-10000", ignore_errors=True)
+    say("generating:")
+    benches = []
+    for rows in sizes:
+        benches.append(Bench(rows))
+        say(f"  {rows:>10,} rows in {benches[-1].generate_seconds:.1f} s ({benches[-1].mib:,.0f} MiB of Parquet)  [{load()}]")
     results: list[dict[str, Any]] = []
-    for rows in sorted(args.sizes):
-        say(f"table of {rows:,} rows:")
-        results += run_size(spark, rows, args.patterns, args.batches, args.repeats)
+    for pattern in args.patterns:
+        say(f"{pattern} keys, sizes interleaved:")
+        results += measure(spark, benches, pattern, args.batches, args.repeats)
+    say("compaction by the stream at its threshold:")
+    thresholds = [threshold_compaction(b) for b in benches]
 
     say("")
-    say(f"Applying one {BATCH:,}-change batch (LatestStateStage.apply, median) and querying the full view with the batches pending")
+    say(f"Applying one {BATCH:,}-change batch (LatestStateStage.apply: median of {args.batches}) and querying the full view with those batches pending")
     header = f"{'rows':>11} {'keys':<8} {'apply s':>8} {'pending':>8} {'count s':>8} {'agg s':>7} {'lookup s':>9} {'compact s':>10} {'CoW 10k s':>10}"
     say(header)
     say("-" * len(header))
     for r in results:
-        if r["pattern"] == "threshold":
-            continue
         say(f"{r['rows']:>11,} {r['pattern']:<8} {r['apply']:>8.3f} {r['pending']:>8,} {r['count']:>8.2f} {r['aggregate']:>7.2f} {r['lookup']:>9.2f} "
             f"{r['compact']:>10.2f} {r['cow']:>10.2f}")
     say("")
-    small, large = min(args.sizes), max(args.sizes)
-    for pattern in args.patterns:
-        by = {r["rows"]: r for r in results if r["pattern"] == pattern}
-        if small == large:
-            continue
-        say(f"{pattern:<8} largest/smallest ({large:,} vs {small:,} rows): apply {by[large]['apply'] / by[small]['apply']:.2f}x "
-            f"(target <= 1.5x), full-view count {by[large]['count'] / by[small]['count']:.2f}x, "
-            f"copy-on-write MERGE of one batch {by[large]['cow'] / by[small]['cow']:.2f}x")
+    small, large = sizes[0], sizes[-1]
+    if small != large:
+        for pattern in args.patterns:
+            by = {r["rows"]: r for r in results if r["pattern"] == pattern}
+            say(f"{pattern:<8} largest/smallest ({large:,} vs {small:,} rows): apply {by[large]['apply'] / by[small]['apply']:.2f}x "
+                f"(target <= 1.5x), full-view count {by[large]['count'] / by[small]['count']:.2f}x, "
+                f"copy-on-write MERGE of one batch {by[large]['cow'] / by[small]['cow']:.2f}x")
     say("")
     say("Compaction by the stream at its threshold, max(100k, 10% of the base) pending changes with uniform keys (the worst case):")
-    for r in results:
-        if r["pattern"] == "threshold":
-            say(f"{r['rows']:>11,} rows: {r['pending']:>9,} changes folded in {r['compact']:6.2f} s = {r['per_batch']:.3f} s per 10k-change batch amortised")
+    for r in thresholds:
+        say(f"{r['rows']:>11,} rows: {r['pending']:>9,} changes folded in {r['compact']:6.2f} s = {r['per_batch']:.3f} s per 10k-change batch amortised")
     say(f"total {time.perf_counter() - started:.0f} s, {load()}")
-    (OUT / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (OUT / "results.json").write_text(json.dumps(results + thresholds, indent=2), encoding="utf-8")
 
 
 if __name__ == "__main__":

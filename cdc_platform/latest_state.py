@@ -647,18 +647,20 @@ def widen(path: Path, target: pa.Schema, partition_by: list[str] | None) -> None
     Streams the current snapshot through Arrow batches, so memory stays bounded; the old files stay
     until `cdc maintain` vacuums them. Application transactions survive an overwrite.
     """
-    table = lake.open_table(path)
-    scanner = table.to_pyarrow_dataset().scanner(batch_size=262_144)
 
-    def batches() -> Iterable[pa.RecordBatch]:
-        for batch in scanner.to_batches():
-            yield from conform(pa.Table.from_batches([batch]), target).to_batches()
+    def attempt() -> None:  # a retry after a conflicting commit must re-read the newer snapshot
+        table = lake.open_table(path)
+        scanner = table.to_pyarrow_dataset().scanner(batch_size=262_144)
 
-    reader = pa.RecordBatchReader.from_batches(target, batches())
-    lake.with_retries(
-        lambda: write_deltalake(table, reader, mode="overwrite", schema_mode="overwrite", partition_by=partition_by),
-        what=f"widen {path.name}",
-    )
+        def batches() -> Iterable[pa.RecordBatch]:
+            for batch in scanner.to_batches():
+                yield from conform(pa.Table.from_batches([batch]), target).to_batches()
+
+        reader = pa.RecordBatchReader.from_batches(target, batches())
+        write_deltalake(table, reader, mode="overwrite", schema_mode="overwrite", partition_by=partition_by,
+                        commit_properties=lake.commit_props(None, None, cdc_operation="widen"))
+
+    lake.with_retries(attempt, what=f"widen {path.name}")
 
 
 def _evolved(current: pa.Schema, columns: Mapping[str, pa.DataType], meta: Sequence[pa.Field]) -> tuple[pa.Schema, bool]:

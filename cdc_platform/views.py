@@ -3,6 +3,10 @@
 No Hive metastore (its embedded Derby database locks out a second process); instead each session
 registers temp views from the lake itself: its tables by directory and its views from the registry
 that `cdc run` writes, so a lake can be queried by someone who does not have its config file.
+
+One exception to "a table is a view of its directory": a latest-state table `<name>` (and
+`<name>_history`) is stored merge-on-read, so its directory alone is not the current state. Its name is
+re-registered as the folded state, and the directory stays reachable as `<name>__stored`.
 """
 
 from __future__ import annotations
