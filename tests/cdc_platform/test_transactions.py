@@ -331,3 +331,14 @@ def test_a_stream_never_seen_holds_nothing_forever() -> None:
     assert feed.incomplete == [], "100 s is past the timeout but not the retention: the markers may just be slow"
     feed.batch([ev("g:3", "charges", 301, 400, row=3)])
     assert [(i["transaction_id"], i["reason"]) for i in feed.incomplete] == [("g:1", T.MISSING_END), ("g:2", T.MISSING_END)]
+
+
+def test_retention_defaults_to_five_timeouts_and_may_not_undercut_the_timeout(tmp_path: Any) -> None:
+    from cdc_platform.config import parse_config
+    from cdc_platform.errors import ConfigError
+
+    base = {"landing": "l", "lake": "k", "transaction_timeout": 30}
+    assert T.Settings.from_config(parse_config(base, base=tmp_path)) == T.Settings(timeout_us=30_000_000, retention_us=150_000_000)
+    assert T.Settings.from_config(parse_config({**base, "transaction_retention": 45}, base=tmp_path)).retention_us == 45_000_000
+    with pytest.raises(ConfigError, match="transaction_retention"):
+        parse_config({**base, "transaction_retention": 10}, base=tmp_path)
