@@ -325,6 +325,9 @@ def kinds() -> list[Kind]:
         (line(event(source=source(connector="db2", snapshot="maybe"))), "raw"),
         (line(event(extra={"nested": [1, 2]}, source=source(extra_field=True))), "raw"),
     ], "\n"))
+    ks.append(("38_column_names_differing_in_case.jsonl", "column names that differ only in case (Spark and Delta fold case)", [
+        (line(event(row={"id": 970, "email": "a@example.com", "Email": "b@example.com"})), "raw"),
+    ], "\n"))
     return ks
 
 
