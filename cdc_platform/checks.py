@@ -223,24 +223,39 @@ def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
     return CheckOutcome(True, Severity.ERROR, f"{table.name}: all {n_expected:,} live keys of the raw log are in the latest state at their positions", meta)
 
 
-def completeness(spark: Any, lake_dir: Path, timeout_seconds: float) -> CheckOutcome:
-    """Stripe's completeness measure: for every END older than the timeout (in stream event time), the
-    distinct events landed per table equal the counts END announced; plus transactions that expired
-    incomplete and open ones older than the timeout.
+def completeness(spark: Any, lake_dir: Path, timeout_seconds: float, retention_seconds: float | None = None) -> CheckOutcome:
+    """Stripe's completeness measure: for every END whose table's stream has moved `timeout_seconds`
+    past it, the distinct events landed for that table equal the count END announced; plus transactions
+    that expired incomplete, and transactions still open `retention_seconds` (default 5 x timeout)
+    after even the fastest stream moved past them.
+
+    The clock is each table's own event time (kept by the transaction stage in `open_transactions`),
+    never one global "newest timestamp": a topic read late is not a topic that lost events.
     """
     from pyspark.sql import functions as F
 
     from cdc_platform.views import register_lake
 
     register_lake(spark, lake_dir)
+    retention = retention_seconds if retention_seconds is not None else 5 * timeout_seconds
     newest = _as_utc(column_max(lake.table_path(lake_dir, "raw_change_events"), "source_ts"))
     meta: dict[str, Any] = {"timeout_seconds": float(timeout_seconds)}
     if newest is None:
         return CheckOutcome(True, Severity.ERROR, "the raw log is empty: no transaction to judge yet", meta)
-    cutoff = newest - dt.timedelta(seconds=timeout_seconds)
-    meta["event_time"] = newest.isoformat()
-    ends = (spark.table("transaction_markers").where((F.col("status") == "END") & (F.col("marker_ts") < F.lit(cutoff)))
-            .select("transaction_id", F.explode("data_collections").alias("table_id", "expected")))
+    clocks = {r["stream"]: _as_utc(r["event_time"]) for r in
+              spark.table("open_transactions").where("entry = 'stream'").select("stream", "event_time").collect() if r["event_time"] is not None}
+    fastest = max(clocks.values(), default=newest)
+    meta["stream_event_time"] = {k: v.isoformat() for k, v in sorted(clocks.items()) if v is not None}
+    timeout = dt.timedelta(seconds=timeout_seconds)
+    clock_rows = [(name, when - timeout) for name, when in clocks.items() if when is not None]
+    cutoffs = spark.createDataFrame(clock_rows, "table_id string, cutoff timestamp") if clock_rows else None
+    ends = (spark.table("transaction_markers").where(F.col("status") == "END")
+            .select("transaction_id", "marker_ts", F.explode("data_collections").alias("table_id", "expected")))
+    if cutoffs is not None:
+        ends = ends.join(F.broadcast(cutoffs), "table_id", "left")
+    else:
+        ends = ends.withColumn("cutoff", F.lit(None).cast("timestamp"))
+    ends = ends.where(F.col("marker_ts") < F.coalesce(F.col("cutoff"), F.lit(newest - timeout)))
     landed = (spark.table("raw_change_events").where(F.col("transaction_id").isNotNull())
               .groupBy("transaction_id", "table_id").agg(F.countDistinct("event_id").alias("landed")))
     per_table = ends.join(landed, ["transaction_id", "table_id"], "left").fillna(0, ["landed"]).cache()
@@ -253,6 +268,7 @@ def completeness(spark: Any, lake_dir: Path, timeout_seconds: float) -> CheckOut
                   for r in per_table.groupBy("table_id").agg(F.sum("expected").alias("e"), F.sum("landed").alias("l")).collect()}
     finally:
         per_table.unpersist()
+    cutoff = fastest - dt.timedelta(seconds=retention)
     incomplete = spark.table("incomplete_transactions")
     n_incomplete = incomplete.count()
     reasons = {r["reason"]: int(r["n"]) for r in incomplete.groupBy("reason").agg(F.count("*").alias("n")).collect()}
@@ -262,7 +278,7 @@ def completeness(spark: Any, lake_dir: Path, timeout_seconds: float) -> CheckOut
     incomplete_ids = [r["transaction_id"] for r in incomplete.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
     stuck_ids = [r["transaction_id"] for r in stuck.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
     pct = 100.0 * (checked - n_bad) / checked if checked else 100.0
-    meta |= {"transactions_checked": checked, "count_mismatches": n_bad, "completeness_percent": round(pct, 4),
+    meta |= {"retention_seconds": float(retention), "transactions_checked": checked, "count_mismatches": n_bad, "completeness_percent": round(pct, 4),
              "incomplete_transactions": n_incomplete, "open_past_timeout": n_stuck, "expected_vs_landed_per_table": totals}
     if reasons:
         meta["incomplete_by_reason"] = reasons
@@ -275,7 +291,7 @@ def completeness(spark: Any, lake_dir: Path, timeout_seconds: float) -> CheckOut
         problems.append(f"{n_incomplete:,} incomplete transaction(s) ({', '.join(f'{k} ×{v}' for k, v in reasons.items())}; e.g. {incomplete_ids[0]})")
     if n_stuck:
         meta["open_past_timeout_ids"] = stuck_ids
-        problems.append(f"{n_stuck:,} transaction(s) open longer than {timeout_seconds:,.0f} s (e.g. {stuck_ids[0]})")
+        problems.append(f"{n_stuck:,} transaction(s) still open {retention:,.0f} s of event time after the fastest stream passed them (e.g. {stuck_ids[0]})")
     if problems:
         return CheckOutcome(False, Severity.ERROR, "; ".join(problems), meta)
     return CheckOutcome(True, Severity.ERROR, f"all {checked:,} transactions past the timeout landed every event END announced", meta)

@@ -92,7 +92,8 @@ def new_dead_letters(cdc: CdcResource) -> AssetCheckResult:
 @asset_check(asset="transactions", name="completeness",
              description="END counts per table vs events landed; transactions expired incomplete or open past the timeout.")
 def completeness(cdc: CdcResource) -> AssetCheckResult:
-    return to_result(checks.completeness(cdc.spark(), cdc.lake, cdc.config.transaction_timeout))
+    config = cdc.config
+    return to_result(checks.completeness(cdc.spark(), cdc.lake, config.transaction_timeout, config.transaction_retention))
 
 
 def build_checks(config: PlatformConfig) -> list[AssetChecksDefinition]:

@@ -83,18 +83,25 @@ def test_a_corrupted_lake_turns_the_matching_checks_red(pipeline_run: Any, spark
     lake.open_table(config.lake / "customers").delete(f"id = {victim}")
 
     now = int(time.time() * 1000)
-    gtid = "00000000-0000-0000-0000-00000000dead:1"
+    uuid = "00000000-0000-0000-0000-00000000dead"
+    gtid, later_gtid, later = f"{uuid}:1", f"{uuid}:2", now + 600_000
     source = {"connector": "mysql", "name": "payments", "db": "payments", "file": "mysql-bin.000099", "row": 0}
-    lines = [
-        json.dumps({"status": "BEGIN", "id": gtid, "ts_ms": now, "event_count": None, "data_collections": None}),
-        json.dumps({"status": "END", "id": gtid, "ts_ms": now, "event_count": 2,
-                    "data_collections": [{"data_collection": "payments.charges", "event_count": 2}]}),
-        json.dumps({"before": None, "after": {"id": 990001, "customer_id": 1, "amount_cents": 5, "currency": "EUR", "status": "pending", "updated_at": now},
-                    "source": source | {"table": "charges", "ts_ms": now, "pos": 10}, "op": "c", "ts_ms": now + 5,
-                    "transaction": {"id": gtid, "total_order": 1, "data_collection_order": 1}}),
-        json.dumps({"before": None, "after": {"id": 990002, "name": "later", "email": "l@example.com", "country": "NL", "created_at": now},
-                    "source": source | {"table": "customers", "ts_ms": now + 600_000, "pos": 20}, "op": "c", "ts_ms": now + 600_005, "transaction": None}),
-    ]
+
+    def begin(tx: str, ts: int) -> str:
+        return json.dumps({"status": "BEGIN", "id": tx, "ts_ms": ts, "event_count": None, "data_collections": None})
+
+    def end(tx: str, ts: int, counts: dict[str, int]) -> str:
+        return json.dumps({"status": "END", "id": tx, "ts_ms": ts, "event_count": sum(counts.values()),
+                           "data_collections": [{"data_collection": t, "event_count": n} for t, n in counts.items()]})
+
+    def charge(tx: str, ts: int, charge_id: int, pos: int) -> str:
+        row = {"id": charge_id, "customer_id": 1, "amount_cents": 5, "currency": "EUR", "status": "pending", "updated_at": ts}
+        return json.dumps({"before": None, "after": row, "source": source | {"table": "charges", "ts_ms": ts, "pos": pos}, "op": "c",
+                           "ts_ms": ts + 5, "transaction": {"id": tx, "total_order": 1, "data_collection_order": 1}})
+
+    # `gtid` announces two charges but only one lands; `later_gtid` moves the charges stream past the timeout.
+    lines = [begin(gtid, now), end(gtid, now, {"payments.charges": 2}), charge(gtid, now, 990001, 10),
+             begin(later_gtid, later), end(later_gtid, later, {"payments.charges": 1}), charge(later_gtid, later, 990003, 20)]
     (config.landing / "late").mkdir()
     (config.landing / "late" / "part-0.jsonl").write_text("\n".join(lines) + "\n")
     IngestJob(config).run_available_now(spark)
