@@ -173,6 +173,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "SELECT reason_code, count(*) AS n FROM dead_letter GROUP BY reason_code",
         "SELECT table_id, op, count(*) AS n FROM raw_change_events GROUP BY table_id, op ORDER BY table_id, op",
     ]
+    if "transactions" in names:
+        tries[1] = "SELECT transaction_id, event_count, events_per_table FROM transactions ORDER BY end_ts DESC LIMIT 5"
     if "customers__clean_view" in names:
         tries.append("SELECT * FROM customers__clean_view ORDER BY id LIMIT 5")
     else:
