@@ -172,7 +172,7 @@ def _base64_bytes(v: Any) -> bytes:
         raise BadValue(f"{v[:40]!r} is not valid base64") from exc
 
 
-def connect_type(fld: Mapping[str, Any]) -> FieldType:
+def connect_type(fld: Mapping[str, Any]) -> FieldType | None:
     """Arrow type for one field of a Debezium/Kafka Connect schema.
 
     Mapped: int8/16/32/64, float32/64, boolean, string, bytes (base64 -> binary); logical types
@@ -181,6 +181,7 @@ def connect_type(fld: Mapping[str, Any]) -> FieldType:
     ZonedTimestamp (-> timestamp in UTC; the zone-less ones are wall-clock values stored as if UTC).
     Everything else keeps its base type: Time/MicroTime/NanoTime stay integers in their unit, Json,
     Uuid, Enum, Xml stay strings; structs, arrays and maps (and VariableScaleDecimal) become JSON text.
+    None for a type Connect does not have: the value is then typed as if there were no schema.
     """
     base = str(fld.get("type") or "")
     name = fld.get("name")
@@ -207,7 +208,9 @@ def connect_type(fld: Mapping[str, Any]) -> FieldType:
         return FieldType(pa.string(), _string)
     if base == "bytes":
         return FieldType(pa.binary(), _base64_bytes)
-    return FieldType(pa.string(), _json_text)  # struct, array, map, or anything newer
+    if base in ("struct", "array", "map"):
+        return FieldType(pa.string(), _json_text)
+    return None  # not a Connect type: infer from the value as if there were no schema
 
 
 def _decimal_converter(precision: int, scale: int) -> Callable[[Any], Any]:
@@ -408,9 +411,11 @@ _PLAIN = frozenset({bool, int, float, str})
 
 def _column_types(
     col: str, vals: list[Any], declared: list[dict[str, FieldType] | None] | None, table: TableConfig, dead: dict[int, tuple[str, str]], events_of: list[int]
-) -> tuple[dict[pa.DataType, list[int]], list[Any]]:
+) -> tuple[dict[pa.DataType, list[int]], dict[pa.DataType, list[int]], list[Any]]:
     """Group the rows of one column by type and convert their values; bad values dead-letter their event.
 
+    Returns (declared groups, inferred groups, values). A declared type is exact; an inferred one only
+    says "an integer", "a number", "a string": it may land in a narrower declared column when it fits.
     The common case, no schema wrapper and plain JSON scalars, needs no per-value work beyond `type()`.
     """
     if declared is None:
@@ -419,19 +424,23 @@ def _column_types(
         if kinds <= _PLAIN:
             if len(kinds) == 1:
                 (kind,) = kinds
-                return {_INFERRED[kind].dtype: [i for i, v in enumerate(vals) if v is not None]}, vals
+                return {}, {_INFERRED[kind].dtype: [i for i, v in enumerate(vals) if v is not None]}, vals
             groups: dict[pa.DataType, list[int]] = {}
             for i, v in enumerate(vals):
                 if v is not None:
                     groups.setdefault(_INFERRED[type(v)].dtype, []).append(i)
-            return groups, vals
-    groups = {}
+            return {}, groups, vals
+    hard: dict[pa.DataType, list[int]] = {}
+    soft: dict[pa.DataType, list[int]] = {}
     out: list[Any] = list(vals)
     for i, v in enumerate(vals):
         decl = declared[i] if declared is not None else None
-        ftype = (decl.get(col) if decl else None) or infer_type(v)
+        ftype = decl.get(col) if decl else None
+        groups = hard
         if ftype is None:
-            continue
+            ftype, groups = infer_type(v), soft
+            if ftype is None:
+                continue
         if v is not None:
             try:
                 out[i] = ftype.convert(v)
@@ -439,7 +448,23 @@ def _column_types(
                 dead.setdefault(events_of[i], ("invalid_value", f"column `{col}` of {table.source}: {exc}, but the event declares {type_name(ftype.dtype)}"))
                 continue
         groups.setdefault(ftype.dtype, []).append(i)  # a declared type counts even for a null
-    return groups, out
+    return hard, soft, out
+
+
+_INT_RANGES = {pa.int8(): 2**7, pa.int16(): 2**15, pa.int32(): 2**31, pa.int64(): 2**63}
+
+
+def _fits(inferred: pa.DataType, target: pa.DataType, values: Iterable[Any]) -> bool:
+    """Whether values whose type was only inferred from JSON can be stored as `target` exactly."""
+    if inferred == pa.int64():
+        if target in _INT_RANGES:
+            bound = _INT_RANGES[target]
+            return all(-bound <= v < bound for v in values)
+        if target == pa.float32():
+            return all(abs(v) <= 2**24 for v in values)
+        if pa.types.is_decimal(target):
+            return all(len(str(abs(v))) <= target.precision - target.scale for v in values)
+    return inferred == pa.float64() and target == pa.float32()
 
 
 def type_rows(
@@ -480,19 +505,18 @@ def type_rows(
                 ))
         del order[col]
 
-    newness_key: Callable[[int], tuple[str, int, int]] | None = None
+    order_lists: list[list[Any]] = []
+
+    def newness(i: int) -> tuple[str, int, int]:
+        """Source order of a row's event: position, then transaction order, then arrival."""
+        if not order_lists:
+            order_lists.extend([events.col("position"), events.col("tx_total_order")])
+        pos, tx = order_lists
+        e = events_of[i]
+        return (pos[e] or "", tx[e] if tx[e] is not None else -1, e)
 
     def newest(idxs: Iterable[int]) -> int:
-        nonlocal newness_key
-        if newness_key is None:
-            pos, tx = events.col("position"), events.col("tx_total_order")
-
-            def key(i: int) -> tuple[str, int, int]:
-                e = events_of[i]
-                return (pos[e] or "", tx[e] if tx[e] is not None else -1, e)
-
-            newness_key = key
-        return max(idxs, key=newness_key)
+        return max(idxs, key=newness)
 
     columns: dict[str, pa.DataType] = {}
     values: dict[str, list[Any]] = {}
@@ -500,28 +524,40 @@ def type_rows(
     added: list[str] = []
     for col in order:
         vals = [img.get(col) if img is not None else None for img in images]
-        by_type, converted = _column_types(col, vals, declared, table, dead, events_of)
+        hard, soft, converted = _column_types(col, vals, declared, table, dead, events_of)
         if dead:
-            by_type = {t: [i for i in idxs if events_of[i] not in dead] for t, idxs in by_type.items()}
-            by_type = {t: idxs for t, idxs in by_type.items() if idxs}
+            hard = {t: idxs for t, idxs in ((t, [i for i in ix if events_of[i] not in dead]) for t, ix in hard.items()) if idxs}
+            soft = {t: idxs for t, idxs in ((t, [i for i in ix if events_of[i] not in dead]) for t, ix in soft.items()) if idxs}
         old = stored.get(col)
-        if old is None and not by_type:
+        if old is None and not hard and not soft:
             continue  # only nulls so far and no declared type: wait for a value to say what it is
         if old is not None and not coerce:
             target = _normalise(old)
-        elif len(by_type) == 1:
-            (target,) = by_type
-        else:
-            n = newest(i for idxs in by_type.values() for i in idxs)
-            target = next(t for t, idxs in by_type.items() if n in idxs)
-        if len(by_type) > 1 or (by_type and next(iter(by_type)) != target):
-            ranked = sorted(by_type, key=lambda t: newness_key(newest(by_type[t])) if newness_key else 0, reverse=True) if len(by_type) > 1 else list(by_type)
-            for dtype in ranked:  # widen with every compatible type, newest first
+        else:  # a new column (or a rebuild): the newest declared type, else the newest inferred one
+            groups = hard or soft
+            if len(groups) == 1:
+                (target,) = groups
+            else:
+                n = newest(i for idxs in groups.values() for i in idxs)
+                target = next(t for t, idxs in groups.items() if n in idxs)
+        if len(hard) + len(soft) > 1 or ((hard or soft) and next(iter(hard or soft)) != target):
+            ranked = sorted(hard, key=lambda t: newness(newest(hard[t])), reverse=True)
+            for dtype in ranked:  # widen with every compatible declared type, newest first
                 joined = join_types(target, dtype)
                 if joined is not None:
                     target = joined
-            for dtype, idxs in by_type.items():
-                if join_types(dtype, target) == target:
+            fitting: set[pa.DataType] = set()
+            for dtype, idxs in soft.items():  # inferred types fit where they can, else widen
+                if dtype == target:
+                    continue
+                if _fits(dtype, target, (converted[i] for i in idxs)):
+                    fitting.add(dtype)
+                    continue
+                joined = join_types(target, dtype)
+                if joined is not None:
+                    target = joined
+            for dtype, idxs in [*hard.items(), *soft.items()]:
+                if join_types(dtype, target) == target or (dtype in fitting and _fits(dtype, target, (converted[i] for i in idxs))):
                     if pa.types.is_decimal(target) and not pa.types.is_decimal(dtype):
                         for i in idxs:
                             converted[i] = decimal.Decimal(converted[i])
@@ -557,7 +593,11 @@ def _declared(text: str | None, cache: dict[str, dict[str, FieldType]]) -> dict[
             fields = json.loads(text).get("fields") or []
         except (ValueError, AttributeError):
             fields = []
-        found = {str(f["field"]): connect_type(f) for f in fields if isinstance(f, dict) and "field" in f}
+        found = {}
+        for f in fields:
+            ftype = connect_type(f) if isinstance(f, dict) and "field" in f else None
+            if ftype is not None:
+                found[str(f["field"])] = ftype
         cache[text] = found
     return found
 

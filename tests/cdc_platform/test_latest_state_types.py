@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import decimal
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def test_connect_types() -> None:
     assert nano.convert(2_000_000_000) == dt.datetime(1970, 1, 1, 0, 0, 2, tzinfo=dt.timezone.utc)
     assert connect_type({"type": "int64", "name": "io.debezium.time.MicroTime"}).dtype == pa.int64()  # kept in its unit
     assert connect_type({"type": "struct", "fields": []}).dtype == pa.string()
+    assert connect_type({"type": "float"}) is None
     assert connect_type({"type": "bytes"}).convert("AAE=") == b"\x00\x01"
     with pytest.raises(BadValue):
         connect_type({"type": "int32"}).convert("12")
@@ -88,3 +90,44 @@ def test_table_config_keys() -> None:
     with pytest.raises(ConfigError, match="t_history"):
         parse_config({"landing": "l", "lake": "k", "tables": {"s.t": {"key": ["id"], "history": True}, "s.t_history": {"key": ["id"]}}},
                      base=Path("/tmp"))
+
+
+def typed(afters: list[dict], declared: list[dict] | None = None, stored: dict | None = None, coerce: bool = False):  # type: ignore[no-untyped-def]
+    """Run the stage's typing on `c` events with these row images (optionally with Connect fields)."""
+    from cdc_platform.config import TableConfig
+    from cdc_platform.latest_state import Events, change_rows, type_rows
+    from cdc_platform.schemas import RAW_CHANGE_EVENTS
+
+    n = len(afters)
+    schema_text = [None if not declared or declared[i] is None else json.dumps({"type": "struct", "fields": declared[i], "field": "after"}) for i in range(n)]
+    cols = {f.name: pa.nulls(n, f.type) for f in RAW_CHANGE_EVENTS}
+    cols |= {"op": pa.array(["c"] * n), "key": pa.array([json.dumps({"id": a["id"]}) for a in afters]),
+             "after": pa.array([json.dumps(a) for a in afters]), "row_schema": pa.array(schema_text, pa.string()),
+             "position": pa.array([f"{i:05d}" for i in range(n)])}
+    events = Events(pa.table(cols, schema=RAW_CHANGE_EVENTS))
+    rows, _ = change_rows(events, ["id"])
+    return type_rows(rows, events, stored or {}, TableConfig("s.t", "t", ("id",)), coerce=coerce)
+
+
+INT32 = [{"type": "int32", "optional": False, "field": "id"}, {"type": "float", "optional": True, "field": "f"}]
+
+
+def test_inferred_values_fit_a_narrower_declared_column() -> None:
+    t = typed([{"id": 1, "f": 0.5}, {"id": 2, "f": 1.5}], declared=[INT32, None])
+    assert t.columns == {"id": pa.int32(), "f": pa.float64()}  # `float` is no Connect type: inferred double
+    t = typed([{"id": 3}], stored={"id": pa.int32()})
+    assert (t.columns, t.widened, t.dead) == ({"id": pa.int32()}, {}, {})
+    t = typed([{"id": 2**40}], stored={"id": pa.int32()})
+    assert t.widened == {"id": (pa.int32(), pa.int64())}
+    t = typed([{"id": 1, "r": 0.25}], stored={"id": pa.int64(), "r": pa.float32()})
+    assert t.columns["r"] == pa.float32() and not t.widened
+
+
+def test_incompatible_values_are_dead_and_coercion_casts_to_the_newest_type() -> None:
+    t = typed([{"id": 1, "code": "A"}], stored={"id": pa.int64(), "code": pa.int64()})
+    ((code, reason),) = t.dead.values()
+    assert code == "incompatible_type" and "`code`" in reason and "bigint" in reason and "string" in reason
+    t = typed([{"id": 1, "code": 7}, {"id": 2, "code": "B"}], coerce=True)
+    assert t.columns["code"] == pa.string() and t.values["code"] == ["7", "B"] and not t.dead
+    t = typed([{"id": 1, "code": "x"}, {"id": 2, "code": 8}], coerce=True)
+    assert t.columns["code"] == pa.int64() and list(t.dead) == [0]  # 'x' cannot become the newest type
