@@ -318,11 +318,13 @@ def main() -> int:
     parser.add_argument("--transactions", type=int, default=20_000, help="size of the workload fed during the trials")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--events-per-file", type=int, default=50)
+    parser.add_argument("--max-wait", type=float, default=40.0, help="kill at the latest this many seconds after start")
+    parser.add_argument("--tick", type=float, default=1.0, help="seconds between landed files while a stream runs")
     args = parser.parse_args()
     banner(f"crash trials: {args.trials} SIGKILLs of `cdc stream`")
     t0 = time.perf_counter()
     report = run_trials(OUT / "crash_trials", trials=args.trials, transactions=args.transactions, seed=args.seed,
-                        events_per_file=args.events_per_file)
+                        events_per_file=args.events_per_file, max_wait=args.max_wait, tick_seconds=args.tick)
     say(f"workload: {report.figures['files']:,} files, {report.figures['lines']:,} lines, {report.figures['change_events']:,} change events")
     say(f"kill modes: {report.figures['modes']}")
     say(f"crash phase {report.figures['crash_phase_seconds']} s, drain {report.figures['drain_seconds']} s, reference run {report.figures['reference_seconds']} s, "

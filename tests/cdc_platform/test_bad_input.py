@@ -184,36 +184,37 @@ def test_every_stage_survives_the_corpus(tmp_path: Path, make_config: Any) -> No
     from cdc_platform.ingest import IngestJob
 
     cfg = make_config(EXPECTED["tables"])
-    generated = tmp_path / "generated"
-    _make_corpus().write_generated(generated)
-    job = IngestJob(cfg)
-    job.setup()
-    names = sorted(EXPECTED["files"])
+    jobs = [IngestJob(cfg)]
+    jobs[0].setup()
+    # The generated 10 MB line is left to the stream test: here it would only make every replay slow.
+    names = sorted(n for n, spec in EXPECTED["files"].items() if not spec.get("generated"))
     failures: list[tuple[str, str, str]] = []
     batch_ids = iter(range(10_000))
 
     def feed(group: list[str]) -> tuple[str, str] | None:
-        rows = []
-        for name in group:
-            path = CORPUS / name if (CORPUS / name).exists() else generated / name
-            rows += [parse_bytes(raw, name, KEYS) for raw in spark_lines(path.read_bytes())]
+        rows = [parse_bytes(raw, name, KEYS) for name in group for raw in spark_lines((CORPUS / name).read_bytes())]
         try:
-            job.process_parsed(pa.Table.from_batches([rows_to_batch(rows)]), next(batch_ids), "corpus")
+            jobs[-1].process_parsed(pa.Table.from_batches([rows_to_batch(rows)]), next(batch_ids), "corpus")
         except Exception as exc:  # noqa: BLE001 - collected and judged below
+            jobs.append(IngestJob(cfg))  # a failed batch kills the process: go on as a restarted stream would
             where = traceback.extract_tb(exc.__traceback__)
             module = next((f.filename.rsplit("/", 1)[-1] for f in reversed(where) if "/cdc_platform/" in f.filename), "?")
             return module, type(exc).__name__
         return None
 
-    # A few batches of many files (cheap); a failing batch is replayed file by file to name the culprit.
-    for start in range(0, len(names), 10):
-        group = names[start : start + 10]
-        if feed(group) is not None:
-            for name in group:
-                failed = feed([name])
-                if failed is not None:
-                    failures.append((name, *failed))
-    dead = lake.open_table(job.path("dead_letter")).to_pyarrow_table().to_pylist()
+    def bisect(group: list[str]) -> None:
+        """One batch for the whole corpus; a failing batch is split in halves until the culprit is named."""
+        failed = feed(group)
+        if failed is None:
+            return
+        if len(group) == 1:
+            failures.append((group[0], *failed))
+            return
+        bisect(group[: len(group) // 2])
+        bisect(group[len(group) // 2 :])
+
+    bisect(names)
+    dead = lake.open_table(jobs[-1].path("dead_letter")).to_pyarrow_table().to_pylist()
     assert all(d["reason_code"] and d["reason"] for d in dead)
     unknown = [f for f in failures if (f[1], f[2]) not in KNOWN_STAGE_FAILURES]
     assert not unknown, f"a stage raised on bad input instead of dead-lettering it: {unknown}"
