@@ -25,10 +25,12 @@ its after key tombstones the old key at the same position.
 
 Types: with the JSON converter's schema wrapper the Connect schema gives exact types (see
 `connect_type`); without it JSON values are inferred (integer -> bigint, other numbers -> double, string,
-boolean, objects and arrays -> JSON text). New columns are added; numeric widening (int8 < int16 <
-int32 < int64 < double, float < double, decimals to a wider decimal) rewrites the table once with the
-wider type; any other type change dead-letters the event (`incompatible_type`), and
-`cdc rebuild --table NAME` rebuilds the table from the raw log, letting the newest type win.
+boolean, objects and arrays -> JSON text). An inferred type only says "an integer" or "a number", so
+it lands in a narrower declared column when the values fit (a topic that mixes wrapped and plain lines
+keeps the exact types). New columns are added; numeric widening (int8 < int16 < int32 < int64 < double,
+float < double, decimals to a wider decimal) rewrites the table once with the wider type; any other
+type change dead-letters the event (`incompatible_type`), and `cdc rebuild --table NAME` rebuilds the
+table from the raw log, letting the newest type win.
 
 History (`history: true`): `<name>_history` receives every applied change, appended; the SQL view of the
 same name derives validity (`_valid_from/_valid_to` position and time) and `_is_current` from the order
