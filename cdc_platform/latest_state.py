@@ -43,6 +43,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,11 +63,18 @@ from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult, dea
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-try:  # optional speed-up; the row images were written by the parser as standard JSON with 64-bit integers,
-    # on which orjson and the stdlib build the same objects
-    from orjson import loads as _loads
+try:  # optional speed-up: on standard JSON orjson builds the same objects as the stdlib, except that it
+    # reads integers beyond 64 bits as floats; text that may hold one takes the stdlib path
+    from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover
-    _loads = json.loads
+    _fast_loads = None
+_BIG_INT = re.compile(r"[:,\[]\s*-?\d{19}")
+
+
+def _loads(text: str) -> Any:
+    if _fast_loads is not None and not _BIG_INT.search(text):
+        return _fast_loads(text)
+    return json.loads(text)
 
 STAGE = "latest_state"
 TS = schemas.TS
@@ -143,6 +151,18 @@ def _strict_int(v: Any) -> int:
     return v
 
 
+def _bounded_int(bits: int) -> Callable[[Any], int]:
+    bound = 2 ** (bits - 1)
+
+    def convert(v: Any) -> int:
+        value = _strict_int(v)
+        if not -bound <= value < bound:
+            raise BadValue(f"{value} does not fit a {bits}-bit integer")
+        return value
+
+    return convert
+
+
 def _number(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise BadValue(f"{json.dumps(v)[:40]} is not a number")
@@ -201,7 +221,7 @@ def connect_type(fld: Mapping[str, Any]) -> FieldType | None:
     if name == _ZONED_TIMESTAMP and base == "string":
         return FieldType(TS, _zoned_timestamp)
     if base in ("int8", "int16", "int32", "int64"):
-        return FieldType(_CONNECT_BASE[base], _strict_int)
+        return FieldType(_CONNECT_BASE[base], _bounded_int(int(base[3:])))
     if base in ("float32", "float64"):
         return FieldType(_CONNECT_BASE[base], _number)
     if base == "boolean":
@@ -423,6 +443,11 @@ def _column_types(
     if declared is None:
         kinds = set(map(type, vals))
         kinds.discard(type(None))
+        if int in kinds and any(type(v) is int and not -(2**63) <= v < 2**63 for v in vals):
+            for i, v in enumerate(vals):  # the parser rejects these lines; a stage must not trust that
+                if type(v) is int and not -(2**63) <= v < 2**63:
+                    dead.setdefault(events_of[i], ("out_of_range", f"column `{col}` of {table.source}: {v} does not fit a 64-bit integer"))
+                    vals[i] = None
         if kinds <= _PLAIN:
             if len(kinds) == 1:
                 (kind,) = kinds
@@ -469,6 +494,39 @@ def _fits(inferred: pa.DataType, target: pa.DataType, values: Iterable[Any]) -> 
     return inferred == pa.float64() and target == pa.float32()
 
 
+def _fold_case(order: dict[str, None], images: list[dict[str, Any] | None], events_of: list[int], dead: dict[int, tuple[str, str]], table: TableConfig) -> None:
+    """Make column identity case-insensitive, as Spark and Delta resolve names.
+
+    A name that differs only in case from a stored (or earlier) column is that column; a row image that
+    carries two such names cannot be stored and is dead-lettered. Rewrites `order` and `images` in place.
+    """
+    canonical: dict[str, str] = {}
+    for name in order:
+        canonical.setdefault(name.lower(), name)
+    renames = {name: canonical[name.lower()] for name in order if canonical[name.lower()] != name}
+    if not renames:
+        return
+    for idx, img in enumerate(images):
+        if not img or not any(k in renames for k in img):
+            continue
+        fixed: dict[str, Any] = {}
+        for k, v in img.items():
+            name = renames.get(k, k)
+            if name in fixed:
+                clash = sorted(k2 for k2 in img if k2.lower() == name.lower())
+                dead.setdefault(events_of[idx], (
+                    "ambiguous_columns",
+                    f"the row image of {table.source} has columns {', '.join(f'`{c}`' for c in clash)}, which differ only in case; "
+                    "Spark and Delta resolve column names case-insensitively, so they cannot both be columns of "
+                    f"{table.name}. Rename one at the source or with a column-renaming SMT, then run `cdc rebuild --table {table.name}`",
+                ))
+                break
+            fixed[name] = v
+        images[idx] = fixed
+    for name in renames:
+        del order[name]
+
+
 def type_rows(
     rows: list[ChangeRow],
     events: Events,
@@ -497,7 +555,8 @@ def type_rows(
             for col in img:
                 if col not in order:
                     order[col] = None
-    for col in [c for c in order if c in RESERVED]:
+    _fold_case(order, images, events_of, dead, table)
+    for col in [c for c in order if c.lower() in RESERVED]:
         for idx, img in enumerate(images):
             if img and col in img:
                 dead.setdefault(events_of[idx], (

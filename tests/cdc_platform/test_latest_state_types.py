@@ -131,3 +131,20 @@ def test_incompatible_values_are_dead_and_coercion_casts_to_the_newest_type() ->
     assert t.columns["code"] == pa.string() and t.values["code"] == ["7", "B"] and not t.dead
     t = typed([{"id": 1, "code": "x"}, {"id": 2, "code": 8}], coerce=True)
     assert t.columns["code"] == pa.int64() and list(t.dead) == [0]  # 'x' cannot become the newest type
+
+
+def test_column_names_are_case_insensitive_like_spark_and_delta() -> None:
+    t = typed([{"id": 1, "email": "a@x", "Email": "b@x"}, {"id": 2, "email": "c@x"}])
+    ((code, reason),) = t.dead.values()
+    assert code == "ambiguous_columns" and "`Email`, `email`" in reason and list(t.dead) == [0]
+    t = typed([{"id": 1, "EMAIL": "x@y"}], stored={"id": pa.int64(), "email": pa.string()})
+    assert list(t.columns) == ["id", "email"] and t.values["email"] == ["x@y"] and not t.dead
+    t = typed([{"id": 1, "_OP": "x"}])
+    assert [c for c, _ in t.dead.values()] == ["reserved_column"]
+
+
+def test_integers_beyond_their_width_are_dead_letters_not_crashes() -> None:
+    t = typed([{"id": 1, "n": 2**70}, {"id": 2, "n": 5}])
+    assert [c for c, _ in t.dead.values()] == ["out_of_range"] and list(t.dead) == [0]
+    t = typed([{"id": 2**31}], declared=[INT32])
+    assert [c for c, _ in t.dead.values()] == ["invalid_value"]
