@@ -230,7 +230,16 @@ def run_trials(
     t0 = time.perf_counter()
     # The clean drain after the last crash, then the reference: each in one batch (batch boundaries
     # must not matter, and one batch is the quickest way through the stages).
-    IngestJob(with_overrides(config, max_files_per_trigger=100_000)).run_available_now(spark)
+    from cdc_platform.errors import CdcError
+
+    try:
+        IngestJob(with_overrides(config, max_files_per_trigger=100_000)).run_available_now(spark)
+    except CdcError as exc:  # the lake cannot even be drained: every later comparison is moot
+        report.mismatches = [f"the clean drain after the last crash failed: {str(exc)[:300]}"]
+        report.figures = {"files": feeder.total, "lines": 0, "change_events": w.change_events, "crash_phase_seconds": round(crash_seconds, 1),
+                          "drain_seconds": 0, "reference_seconds": 0, "compare_seconds": 0,
+                          "modes": dict(collections.Counter(t.mode for t in report.trials))}
+        return report
     drain_s = time.perf_counter() - t0
     reference = with_overrides(config, lake=work / "reference_lake", checkpoint=None, max_files_per_trigger=100_000)
     t0 = time.perf_counter()
