@@ -1001,12 +1001,15 @@ def compact(path: Path, table: TableConfig) -> CompactReport:
     on = " AND ".join(f"t.{_delta_ident(k)} = s.{_delta_ident(k)}" for k in table.key)
     predicate = f"t.{_delta_ident(LAYER)} = '{BASE}' AND {on}"
 
+    # Explicit, quoted assignments: delta-rs's update_all/insert_all do not quote odd column names.
+    assign = {_delta_ident(c): f"s.{_delta_ident(c)}" for c in source.column_names}
+
     def merge() -> dict[str, Any]:
         return (
             lake.open_table(path)
             .merge(source, predicate, source_alias="s", target_alias="t", commit_properties=lake.commit_props(None, None, cdc_operation="compact"))
-            .when_matched_update_all(predicate="s._position > t._position")
-            .when_not_matched_insert_all()
+            .when_matched_update(updates=assign, predicate="s._position > t._position")
+            .when_not_matched_insert(updates=assign)
             .execute()
         )
 
