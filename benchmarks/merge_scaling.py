@@ -290,7 +290,8 @@ def main() -> None:
     say(f"== merge_scaling == {time.strftime('%Y-%m-%d %H:%M:%S')}  {load()}")
     spark = get_spark("cdc-merge-scaling")
     sizes = sorted(args.sizes)
-    warm = Bench(10_000)  # JIT, Python workers, caches: not reported
+    say("warm-up on 10,000 rows (JIT, Python workers, caches; not part of the figures):")
+    warm = Bench(10_000)
     measure(spark, [warm], "uniform", 1, 1)
     shutil.rmtree(OUT / "rows-10000", ignore_errors=True)
     say("generating:")
