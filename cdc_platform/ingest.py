@@ -380,6 +380,7 @@ class IngestJob:
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
         self.setup()
+        self._discard_unfinished_checkpoint_writes()
         writer = self.stream(spark).writeStream.foreachBatch(self.foreach_batch).option(
             "checkpointLocation", str(self.config.checkpoint_dir)
         ).queryName(f"cdc_ingest_{abs(hash(str(self.config.lake))) % 10**8}")
@@ -388,6 +389,20 @@ class IngestJob:
         else:
             writer = writer.trigger(processingTime=interval or self.config.trigger_interval)
         return writer.start()
+
+    def _discard_unfinished_checkpoint_writes(self) -> None:
+        """Remove temp files a killed stream left in the checkpoint's logs.
+
+        Spark writes each log entry to `.<n>.<uuid>.tmp` and renames it; a SIGKILL between the two leaves
+        the temp file, which was never committed, and Spark then refuses to start batch 0 again
+        (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) until someone deletes it. Safe because one stream
+        writes a lake (the same rule as the exactly-once guard). Found by the crash trials.
+        """
+        root = self.config.checkpoint_dir
+        for log_dir in [root / "offsets", root / "commits", *sorted((root / "sources").glob("*"))]:
+            if log_dir.is_dir():
+                for leftover in log_dir.glob(".*.tmp*"):
+                    leftover.unlink(missing_ok=True)
 
     def run_available_now(self, spark: SparkSession) -> RunReport:
         """Process everything that has landed, then return (what `cdc run` and the Dagster asset do)."""

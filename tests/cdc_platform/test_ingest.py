@@ -204,3 +204,18 @@ def test_missing_landing_directory_is_a_clear_error(spark, make_config) -> None:
     shutil.rmtree(cfg.landing)
     with pytest.raises(ConfigError, match="landing directory .* does not exist"):
         IngestJob(cfg).run_available_now(spark)
+
+
+def test_a_stream_killed_while_writing_its_first_offsets_restarts(make_config, land, run_pipeline, query) -> None:
+    """SIGKILL between Spark's temp write and rename leaves `.0.<uuid>.tmp`; it must not block restarts."""
+    import uuid
+
+    cfg = make_config()
+    land(None, [event(pos=1)])
+    offsets = cfg.checkpoint_dir / "offsets"
+    offsets.mkdir(parents=True)
+    (cfg.checkpoint_dir / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+    (offsets / f".0.{uuid.uuid4()}.tmp").write_text("")
+    report = run_pipeline(cfg)
+    assert report.total("rows_read") == 1 and count(query, cfg, "raw_change_events") == 1
+    assert not list(offsets.glob(".*.tmp*"))
