@@ -186,6 +186,8 @@ def _state_rows(config: PlatformConfig, table: TableConfig) -> dict[str, dict[st
     if not lake.exists(path):
         return {}
     rows = lake.open_table(path).to_pyarrow_table()
+    if any(k not in rows.column_names for k in table.key):
+        return {}  # nothing has landed yet: the table has only its metadata columns
     keyed = rows.filter(pc.invert(pc.is_null(rows.column(table.key[0]))))
     out = {}
     for row in fold_latest(keyed, table.key).to_pylist():
