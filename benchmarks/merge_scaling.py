@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -42,6 +41,8 @@ if str(REPO) not in sys.path:
 
 from deltalake import write_deltalake  # noqa: E402
 
+from _common import banner, load_average, say  # noqa: E402
+
 from cdc_platform import lake, schemas  # noqa: E402
 from cdc_platform.config import PlatformConfig, parse_config  # noqa: E402
 from cdc_platform.ingest import BatchContext, ParsedBatch  # noqa: E402
@@ -53,15 +54,6 @@ NAME = "customers"
 BATCH = 10_000
 COUNTRIES = np.array(["NL", "US", "DE", "FR", "GB", "BR", "IN", "JP"])
 T0_MS = 1_767_225_600_000
-
-
-def load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load {one:.1f}/{five:.1f} on {os.cpu_count()} cores"
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def position(n: np.ndarray | int) -> Any:
@@ -248,7 +240,7 @@ def measure(spark: Any, benches: list[Bench], pattern: str, batches: int, repeat
              "apply_max": max(applies[b.rows]), "pending": pending, "folded": folded, "compact": compact_all, "cow": cow, **best[b.rows]}
         say(f"  {b.rows:>10,} {pattern:<8} apply median {r['apply']:.3f} s (min {r['apply_min']:.3f}, max {r['apply_max']:.3f}); "
             f"full view with {pending:,} pending: count {r['count']:.2f} s, aggregate {r['aggregate']:.2f} s, lookup {r['lookup']:.2f} s; "
-            f"compaction of {folded:,} {compact_all:.2f} s, of one batch {cow:.2f} s  [{load()}]")
+            f"compaction of {folded:,} {compact_all:.2f} s, of one batch {cow:.2f} s  [{load_average()}]")
         results.append(r)
     return results
 
@@ -272,7 +264,7 @@ def threshold_compaction(b: Bench) -> dict[str, Any]:
     _, seconds = b.compact()
     r = {"rows": b.rows, "pattern": "threshold", "pending": pending, "compact": seconds, "per_batch": seconds * BATCH / pending}
     say(f"  {b.rows:>10,} rows: stream compaction at its threshold, {pending:,} pending changes folded in {seconds:.2f} s "
-        f"= {r['per_batch']:.3f} s per 10k batch amortised  [{load()}]")
+        f"= {r['per_batch']:.3f} s per 10k batch amortised  [{load_average()}]")
     return r
 
 
@@ -287,7 +279,7 @@ def main() -> None:
     from cdc_platform.session import get_spark
 
     started = time.perf_counter()
-    say(f"== merge_scaling == {time.strftime('%Y-%m-%d %H:%M:%S')}  {load()}")
+    banner("merge_scaling")
     spark = get_spark("cdc-merge-scaling")
     sizes = sorted(args.sizes)
     say("warm-up on 10,000 rows (JIT, Python workers, caches; not part of the figures):")
@@ -298,7 +290,7 @@ def main() -> None:
     benches = []
     for rows in sizes:
         benches.append(Bench(rows))
-        say(f"  {rows:>10,} rows in {benches[-1].generate_seconds:.1f} s ({benches[-1].mib:,.0f} MiB of Parquet)  [{load()}]")
+        say(f"  {rows:>10,} rows in {benches[-1].generate_seconds:.1f} s ({benches[-1].mib:,.0f} MiB of Parquet)  [{load_average()}]")
     results: list[dict[str, Any]] = []
     for pattern in args.patterns:
         say(f"{pattern} keys, sizes interleaved:")
@@ -326,7 +318,7 @@ def main() -> None:
     say("Compaction by the stream at its threshold, max(100k, 10% of the base) pending changes with uniform keys (the worst case):")
     for r in thresholds:
         say(f"{r['rows']:>11,} rows: {r['pending']:>9,} changes folded in {r['compact']:6.2f} s = {r['per_batch']:.3f} s per 10k-change batch amortised")
-    say(f"total {time.perf_counter() - started:.0f} s, {load()}")
+    say(f"total {time.perf_counter() - started:.0f} s, {load_average()}")
     (OUT / "results.json").write_text(json.dumps(results + thresholds, indent=2), encoding="utf-8")
 
 
