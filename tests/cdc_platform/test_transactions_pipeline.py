@@ -33,6 +33,19 @@ def sql_json(capsys: pytest.CaptureFixture[str], cfg: PlatformConfig, query: str
     return json.loads(capsys.readouterr().out)
 
 
+
+def crash_before_the_state_commit(monkeypatch: pytest.MonkeyPatch) -> Callable[..., bool]:
+    """Make the state commit raise, like a process killed after the outputs committed; return the real writer."""
+    real = T._overwrite_once
+
+    def crash_on_state(path: Path, *args: Any, **kwargs: Any) -> bool:
+        if path.name == T.OPEN_TRANSACTIONS:
+            raise RuntimeError("killed before the state commit")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(T, "_overwrite_once", crash_on_state)
+    return real
+
 def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complete(
     make_config: Callable[..., PlatformConfig], land: Callable[..., Path], run_pipeline: Callable[..., Any],
     spark: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -99,14 +112,7 @@ def test_a_crash_between_outputs_and_state_neither_loses_nor_repeats(make_config
     job.setup()
     first = parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
 
-    real = T._overwrite_once
-
-    def crash_on_state(path: Path, *args: Any, **kwargs: Any) -> bool:
-        if path.name == T.OPEN_TRANSACTIONS:
-            raise RuntimeError("killed before the state commit")
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(T, "_overwrite_once", crash_on_state)
+    real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(RuntimeError):
         job.process_parsed(first, 0, "query-a")
     assert [r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)] == ["g:1"]
@@ -128,14 +134,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(make_config: Cal
     job = IngestJob(cfg, stages=[T.TransactionStage()])
     job.setup()
     job.process_parsed(parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1)]), 0, "query-a")
-    real = T._overwrite_once
-
-    def crash_on_state(path: Path, *args: Any, **kwargs: Any) -> bool:
-        if path.name == T.OPEN_TRANSACTIONS:
-            raise RuntimeError("killed before the state commit")
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(T, "_overwrite_once", crash_on_state)
+    real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(RuntimeError):
         job.stages[0].on_idle(BatchContext(cfg, "query-a", 0), 5.0)  # type: ignore[attr-defined]
     monkeypatch.setattr(T, "_overwrite_once", real)
