@@ -17,7 +17,6 @@ Needs cdc_platform/latest_state.py (issue 3); without it there is no latest-stat
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -27,7 +26,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from _common import OUT, REPO, banner, fresh_dir, load_average, say, transactions_for, workload
 
@@ -103,9 +101,6 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds at the start left out of the steady-state figures")
     args = parser.parse_args()
 
-    if importlib.util.find_spec("cdc_platform.latest_state") is None:
-        say("cdc_platform/latest_state.py does not exist yet (issue 3): there is no latest-state table to watch")
-        return 2
     from pyspark.sql import functions as F
 
     from cdc_platform import lake

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"  ({load()})")
 
     if args.global_clock:
-        g = run_stage(config, global_clock=True)
+        run_stage(config, global_clock=True)
         say("with one global clock (max timestamp over all streams) instead of one per stream:")
         say(outcome(config))
 

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, TableConfig
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.envelope import KeySpec, canonical_json, parse_line, rows_to_batch
 from cdc_platform.errors import ConfigError, LakeError
 from cdc_platform.ingest import DEAD_LETTER, RAW, BatchContext, dead_letter_rows, split_parsed
 
@@ -172,11 +172,9 @@ def _newest_raw_positions(config: PlatformConfig, table: TableConfig) -> dict[st
 
 
 def _key_of(image: dict[str, Any], table: TableConfig) -> str | None:
-    from cdc_platform.envelope import _canonical
-
     if any(image.get(k) is None for k in table.key):
         return None
-    return _canonical({k: image[k] for k in table.key})
+    return canonical_json({k: image[k] for k in table.key})
 
 
 def _state_rows(config: PlatformConfig, table: TableConfig) -> dict[str, dict[str, Any]]:

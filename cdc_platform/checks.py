@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -114,12 +112,7 @@ def _read_state(lake_dir: Path, name: str) -> dict[str, Any]:
 
 
 def _write_state(lake_dir: Path, name: str, state: dict[str, Any]) -> None:
-    path = _state_file(lake_dir, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(state, fh)
-    os.replace(tmp, path)
+    lake.write_json_atomic(_state_file(lake_dir, name), state)
 
 
 def new_dead_letters(lake_dir: Path, *, advance: bool = True) -> CheckOutcome:

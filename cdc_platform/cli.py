@@ -29,10 +29,11 @@ def _config(args: argparse.Namespace) -> PlatformConfig:
     return load_config(args.config, landing=getattr(args, "landing", None), lake=getattr(args, "lake", None))
 
 
-def _spark() -> Any:
+def _spark(announce: bool = True) -> Any:
     from cdc_platform.session import get_spark
 
-    _say("starting Spark (local) ...")
+    if announce:
+        _say("starting Spark (local) ...")
     return get_spark()
 
 
@@ -110,18 +111,12 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from cdc_platform.views import register_lake
 
     lake_dir = Path(args.lake).resolve()
-    spark = _spark() if args.format == "table" else _quiet_spark()
+    spark = _spark(announce=args.format == "table")
     register_lake(spark, lake_dir)
     df = spark.sql(args.query)
     rows = [tuple(r) for r in df.collect()]
     print(format_rows(df.columns, rows, args.format))
     return 0
-
-
-def _quiet_spark() -> Any:
-    from cdc_platform.session import get_spark
-
-    return get_spark()
 
 
 def _generate(out: Path, transactions: int, seed: int) -> Any:

@@ -159,7 +159,8 @@ def _fast_dumps(obj: Any, option: int) -> str | None:
     return out.decode("utf-8")
 
 
-def _canonical(obj: Any) -> str:
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, no spaces: the one text form of event identities and `key` values, shared by every stage."""
     fast = _fast_dumps(obj, _ORJSON_SORTED)
     if fast is not None:
         return fast
@@ -245,7 +246,7 @@ def _row_schema(schema: Any) -> str | None:
     for wanted in ("after", "before"):
         for fld in schema.get("fields") or ():
             if isinstance(fld, dict) and fld.get("field") == wanted:
-                return _canonical(fld)
+                return canonical_json(fld)
     return None
 
 
@@ -382,7 +383,7 @@ def _parse_change(
         missing = [c for c in key_cols if image.get(c) is None]
         if missing:
             raise _Dead("missing_key", ", ".join(missing), table_id)
-        key_text = _canonical({c: image[c] for c in key_cols})
+        key_text = canonical_json({c: image[c] for c in key_cols})
 
     source_ms = _as_ts_ms(src.get("ts_ms"), "source.ts_ms")
     envelope_ms = _as_ts_ms(env.get("ts_ms"), "ts_ms")
@@ -402,7 +403,7 @@ def _parse_change(
 
     identity = dict(env)
     identity.pop("ts_ms", None)
-    event_id = hashlib.blake2b(_canonical(identity).encode("utf-8"), digest_size=16).hexdigest()
+    event_id = hashlib.blake2b(canonical_json(identity).encode("utf-8"), digest_size=16).hexdigest()
     day_ms = source_ms if source_ms is not None else envelope_ms
     return {
         "kind": "change",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -124,21 +123,12 @@ class RunReport:
 
 
 def default_stages(config: PlatformConfig) -> list[Stage]:
-    """The stages after the raw log; each module registers itself here as it lands."""
-    stages: list[Stage] = []
-    try:
-        from cdc_platform.latest_state import LatestStateStage
-    except ImportError:
-        pass
-    else:
-        stages.append(LatestStateStage())
-    try:
-        from cdc_platform.transactions import TransactionStage
-    except ImportError:
-        pass
-    else:
-        stages.append(TransactionStage())
-    return stages
+    """The stages after the raw log, in data-flow order."""
+    # Imported here, not at the top: both modules import this one for its batch types.
+    from cdc_platform.latest_state import LatestStateStage
+    from cdc_platform.transactions import TransactionStage
+
+    return [LatestStateStage(), TransactionStage()]
 
 
 def _now() -> dt.datetime:
@@ -478,6 +468,3 @@ class IngestJob:
         if self._failure is not None:
             raise self._failure
 
-
-def print_progress(message: str) -> None:
-    print(f"[cdc] {message}", file=sys.stderr, flush=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -205,12 +204,17 @@ def write_registry(config: PlatformConfig, extra: Mapping[str, Any] | None = Non
     for t in config.tables:
         tables[t.name] = t.to_registry()
     content = {"version": REGISTRY_VERSION, "tables": [tables[n] for n in sorted(tables)], **(extra or {})}
-    target = config.lake / REGISTRY_FILE
-    fd, tmp = tempfile.mkstemp(dir=config.lake, prefix=".registry-")
+    return write_json_atomic(config.lake / REGISTRY_FILE, content)
+
+
+def write_json_atomic(path: Path, content: Any) -> Path:
+    """Write JSON beside the target and rename it over, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(content, fh, indent=2, sort_keys=True)
-    os.replace(tmp, target)
-    return target
+    os.replace(tmp, path)
+    return path
 
 
 def read_registry(lake: Path) -> dict[str, Any]:
@@ -234,6 +238,3 @@ def quote_identifier(name: str) -> str:
     """Backtick-quote an identifier for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"
 
-
-def is_safe_sql_name(name: str) -> bool:
-    return bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name))

@@ -56,7 +56,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdc_platform import lake, schemas, views
 from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
-from cdc_platform.envelope import _canonical as canonical_json  # the one definition of the `key` text
+from cdc_platform.envelope import canonical_json  # the one definition of the `key` text
 from cdc_platform.errors import LakeError
 from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult, dead_letter_rows
 

@@ -11,7 +11,6 @@ re-registered as the folded state, and the directory stays reachable as `<name>_
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,24 +22,12 @@ from cdc_platform.errors import LakeError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: Stage modules that define views: each may expose `register_views(spark, lake_dir) -> list[str]`,
-#: so `cdc sql` and Dagster register every table and view of a lake with one call.
-VIEW_MODULES: tuple[str, ...] = ("cdc_platform.latest_state", "cdc_platform.transactions")
-
-
 def _registrars() -> list[Callable[[SparkSession, Path], list[str]]]:
-    found = []
-    for name in VIEW_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        registrar = getattr(module, "register_views", None)
-        if registrar is not None:
-            found.append(registrar)
-    return found
+    """The stages that define views, so `cdc sql` and Dagster register a whole lake with one call."""
+    # Imported here, not at the top: both modules import this one for the views' SQL.
+    from cdc_platform import latest_state, transactions
+
+    return [latest_state.register_views, transactions.register_views]
 
 
 def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:

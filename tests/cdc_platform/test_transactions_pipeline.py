@@ -16,7 +16,7 @@ from cdc_platform import lake
 from cdc_platform import transactions as T
 from cdc_platform.cli import main as cdc
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.envelope import parse_line, rows_to_batch
 from cdc_platform.ingest import BatchContext, IngestJob
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
 
