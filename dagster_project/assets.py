@@ -8,7 +8,7 @@ register and count each view.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from dagster import (
@@ -26,7 +26,7 @@ from dagster import (
     op,
 )
 from cdc_platform import backfill, checks, maintenance
-from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.config import PlatformConfig
 from cdc_platform.ingest import IngestJob
 from dagster_project.resources import CdcResource
 
@@ -47,8 +47,12 @@ INGEST_GROUP = "ingest"
 TRANSACTIONS_GROUP = "transactions"
 LATEST_STATE_GROUP = "latest_state"
 VIEWS_GROUP = "views"
-FRESHNESS_FAIL = dt.timedelta(minutes=30)
-FRESHNESS_WARN = dt.timedelta(minutes=10)
+
+
+def freshness_policy(config: PlatformConfig) -> FreshnessPolicy:
+    """Dagster's view of the SLO the freshness checks judge (`freshness_slo`), warning at half of it."""
+    slo = dt.timedelta(seconds=config.freshness_slo)
+    return FreshnessPolicy.time_window(fail_window=slo, warn_window=slo / 2)
 
 
 def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
@@ -61,11 +65,11 @@ def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
                 group_name=LATEST_STATE_GROUP,
                 deps=["raw_change_events"],
                 kinds={"delta", "spark"},
-                freshness_policy=FreshnessPolicy.time_window(fail_window=FRESHNESS_FAIL, warn_window=FRESHNESS_WARN),
+                freshness_policy=freshness_policy(config),
                 metadata={"source_table": table.source, "key": ", ".join(table.key), "masked": ", ".join(table.mask) or "none"},
             )
         )
-        if getattr(table, "history", False):
+        if table.history:
             specs.append(
                 AssetSpec(
                     f"{table.name}_history",
@@ -81,7 +85,7 @@ def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
 def ingest_specs(config: PlatformConfig) -> list[AssetSpec]:
     specs = [
         AssetSpec(name, description=text, group_name=INGEST_GROUP, kinds={"delta", "spark"},
-                  freshness_policy=FreshnessPolicy.time_window(fail_window=FRESHNESS_FAIL, warn_window=FRESHNESS_WARN) if name == "raw_change_events" else None)
+                  freshness_policy=freshness_policy(config) if name == "raw_change_events" else None)
         for name, text in INGEST_TABLES.items()
     ]
     specs += [
@@ -131,37 +135,41 @@ def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
     return cdc_ingest
 
 
-def view_names(table: TableConfig) -> Sequence[str]:
-    return (f"{table.name}__full_view", f"{table.name}__clean_view", f"{table.name}__consistent_view")
+VIEW_KINDS = ("full", "clean", "consistent")
+
+
+def view_specs(config: PlatformConfig) -> list[AssetSpec]:
+    specs = []
+    for table in config.tables:
+        text = {
+            "full": f"{table.source} as it is now: latest state without tombstones, source columns first.",
+            "clean": f"{table.source} as it is now with masked columns ({', '.join(table.mask) or 'none'}) never visible.",
+            "consistent": f"{table.source} as of the consistency watermark: no half-landed transaction is visible.",
+        }
+        for kind in VIEW_KINDS:
+            deps = [AssetKey(table.name)] + ([AssetKey("consistency_watermark")] if kind == "consistent" else [])
+            specs.append(AssetSpec(f"{table.name}__{kind}_view", group_name=VIEWS_GROUP, deps=deps, description=text[kind], kinds={"spark", "sql"}))
+    return specs
 
 
 def build_view_assets(config: PlatformConfig) -> list:  # type: ignore[type-arg]
-    assets = []
-    for table in config.tables:
-        for view in view_names(table):
-            assets.append(_view_asset(view, table))
-    return assets
+    """One op for every view: registering a lake's views costs the same for one view as for all."""
+    specs = view_specs(config)
+    if not specs:
+        return []
 
-
-def _view_asset(view: str, table: TableConfig):  # type: ignore[no-untyped-def]
-    kind = view.rsplit("__", 1)[1].removesuffix("_view")
-    upstream = [AssetKey(table.name)] + ([AssetKey("consistency_watermark")] if kind == "consistent" else [])
-    text = {
-        "full": f"{table.source} as it is now: latest state without tombstones, source columns first.",
-        "clean": f"{table.source} as it is now with masked columns ({', '.join(table.mask) or 'none'}) never visible.",
-        "consistent": f"{table.source} as of the consistency watermark: no half-landed transaction is visible.",
-    }[kind]
-
-    @asset(name=view, group_name=VIEWS_GROUP, deps=upstream, description=text, kinds={"spark", "sql"})
-    def view_asset(cdc: CdcResource) -> MaterializeResult:
+    @multi_asset(name="cdc_views", specs=specs, can_subset=True, description="Registers the lake's views once and counts each selected one.")
+    def cdc_views(context, cdc: CdcResource) -> Iterator[MaterializeResult]:  # type: ignore[no-untyped-def]
         from cdc_platform.views import register_lake
 
         spark = cdc.spark()
         register_lake(spark, cdc.lake)
-        rows = spark.sql(f"SELECT count(*) AS n FROM `{view}`").collect()[0]["n"]
-        return MaterializeResult(metadata={"rows": rows, "query": f"SELECT * FROM {view}"})
+        for key in sorted(context.selected_asset_keys, key=lambda k: k.path[-1]):
+            view = key.path[-1]
+            rows = spark.sql(f"SELECT count(*) AS n FROM `{view}`").collect()[0]["n"]
+            yield MaterializeResult(asset_key=key, metadata={"rows": rows, "query": f"SELECT * FROM {view}"})
 
-    return view_asset
+    return [cdc_views]
 
 
 BACKFILL_GROUP = "backfill"
