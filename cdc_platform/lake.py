@@ -100,14 +100,36 @@ def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> 
     return None
 
 
-def append_once(path: Path, data: pa.Table, application: str, version: int, partition_by: list[str] | None = None) -> bool:
-    """Append `data` unless this application already committed `version`; True when it committed."""
+def _guarded(application: str | None, version: int | None) -> bool:
+    return application is not None and version is not None
+
+
+def append_once(
+    path: Path, data: pa.Table, application: str | None, version: int | None, partition_by: list[str] | None = None, **metadata: Any
+) -> bool:
+    """Append `data` unless this application already committed `version`; True when it committed.
+
+    Without an application id the append is unguarded (for writes that have no batch id, such as a
+    running stream's idle-time expiries); `metadata` goes into the commit's custom metadata.
+    """
     table = open_table(path)
-    if data.num_rows == 0 or already_committed(table, application, version):
+    if data.num_rows == 0 or (_guarded(application, version) and already_committed(table, application, version)):  # type: ignore[arg-type]
         return False
     with_retries(
-        lambda: write_deltalake(table, data, mode="append", partition_by=partition_by, commit_properties=commit_props(application, version)),
+        lambda: write_deltalake(open_table(path), data, mode="append", partition_by=partition_by,
+                                commit_properties=commit_props(application, version, **metadata)),
         what=f"append to {path.name}",
+    )
+    return True
+
+
+def overwrite_once(path: Path, data: pa.Table, application: str | None, version: int | None, **metadata: Any) -> bool:
+    """Replace the table's contents unless this application already committed `version` (small state tables)."""
+    if _guarded(application, version) and already_committed(open_table(path), application, version):  # type: ignore[arg-type]
+        return False
+    with_retries(
+        lambda: write_deltalake(open_table(path), data, mode="overwrite", commit_properties=commit_props(application, version, **metadata)),
+        what=f"overwrite {path.name}",
     )
     return True
 

@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
 
 from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
@@ -1054,29 +1053,6 @@ def mark_expired(state: pa.Table, transaction_ids: Sequence[str]) -> pa.Table:
 
 # --- The pipeline stage ----------------------------------------------------------------------------
 
-def _overwrite_once(path: Path, data: pa.Table, application: str | None, version: int | None, **metadata: Any) -> bool:
-    """Replace the table's contents unless this application already committed `version`."""
-    table = lake.open_table(path)
-    if application is not None and version is not None and lake.already_committed(table, application, version):
-        return False
-    lake.with_retries(
-        lambda: write_deltalake(lake.open_table(path), data, mode="overwrite", commit_properties=lake.commit_props(application, version, **metadata)),
-        what=f"overwrite {path.name}",
-    )
-    return True
-
-
-def _append(path: Path, data: pa.Table, **metadata: Any) -> bool:
-    """An unguarded append, for idle-time expiries (which have no batch id to guard with)."""
-    if data.num_rows == 0:
-        return False
-    lake.with_retries(
-        lambda: write_deltalake(lake.open_table(path), data, mode="append", commit_properties=lake.commit_props(None, None, **metadata)),
-        what=f"append to {path.name}",
-    )
-    return True
-
-
 class TransactionStage:
     """The pipeline stage: one aggregation step per micro-batch, plus idle-time expiry for `cdc stream`."""
 
@@ -1138,16 +1114,16 @@ class TransactionStage:
         for name, data in ((TRANSACTIONS, step.completed), (INCOMPLETE, step.incomplete), (LATE, step.late)):
             path = self._path(config, name)
             if ctx is None:
-                wrote = _append(path, data, cdc_stage=self.name, trigger="idle")
+                wrote = lake.append_once(path, data, None, None, cdc_stage=self.name, trigger="idle")  # no batch id to guard with
             else:
                 wrote = lake.append_once(path, data, ctx.app_id(name), ctx.batch_id)
             if wrote:
                 landed[name] = data.num_rows
         app = None if ctx is None else ctx.app_id(WATERMARK)
-        _overwrite_once(self._path(config, WATERMARK), step.watermark, app, version, cdc_stage=self.name)
+        lake.overwrite_once(self._path(config, WATERMARK), step.watermark, app, version, cdc_stage=self.name)
         state_path = self._path(config, OPEN_TRANSACTIONS)
         app = None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS)
-        _overwrite_once(state_path, step.state, app, version, cdc_stage=self.name)
+        lake.overwrite_once(state_path, step.state, app, version, cdc_stage=self.name)
         table = lake.open_table(state_path)
         self._cache = (state_path, table.version(), step.state)
         if table.version() % MAINTENANCE_EVERY == 0:

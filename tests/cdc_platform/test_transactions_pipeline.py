@@ -36,14 +36,14 @@ def sql_json(capsys: pytest.CaptureFixture[str], cfg: PlatformConfig, query: str
 
 def crash_before_the_state_commit(monkeypatch: pytest.MonkeyPatch) -> Callable[..., bool]:
     """Make the state commit raise, like a process killed after the outputs committed; return the real writer."""
-    real = T._overwrite_once
+    real = lake.overwrite_once
 
     def crash_on_state(path: Path, *args: Any, **kwargs: Any) -> bool:
         if path.name == T.OPEN_TRANSACTIONS:
             raise RuntimeError("killed before the state commit")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(T, "_overwrite_once", crash_on_state)
+    monkeypatch.setattr(lake, "overwrite_once", crash_on_state)
     return real
 
 def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complete(
@@ -116,7 +116,7 @@ def test_a_crash_between_outputs_and_state_neither_loses_nor_repeats(make_config
     with pytest.raises(RuntimeError):
         job.process_parsed(first, 0, "query-a")
     assert [r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)] == ["g:1"]
-    monkeypatch.setattr(T, "_overwrite_once", real)
+    monkeypatch.setattr(lake, "overwrite_once", real)
 
     restarted = IngestJob(cfg, stages=[T.TransactionStage()])  # a new process: nothing cached
     restarted.process_parsed(first, 0, "query-a")  # Spark replays the unfinished batch
@@ -137,7 +137,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(make_config: Cal
     real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(RuntimeError):
         job.stages[0].on_idle(BatchContext(cfg, "query-a", 0), 5.0)  # type: ignore[attr-defined]
-    monkeypatch.setattr(T, "_overwrite_once", real)
+    monkeypatch.setattr(lake, "overwrite_once", real)
 
     stage = T.TransactionStage()
     IngestJob(cfg, stages=[stage]).process_parsed(parsed_table([end("g:1", 1, {"shop.charges": 1})]), 1, "query-a")
