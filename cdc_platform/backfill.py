@@ -250,7 +250,7 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     kept = events.take(pa.array(keep, pa.int64()))
     fingerprint = hashlib.blake2b("\n".join(sorted(kept.column("event_id").to_pylist())).encode(), digest_size=8).hexdigest()
     ctx = BatchContext(config, query_id=f"backfill-{name}-{fingerprint}", batch_id=0)
-    lake.insert_new_once(lake.table_path(config.lake, RAW), kept, "event_id", "event_date", ctx.app_id(RAW), 0)
+    lake.insert_new_once(lake.table_path(config.lake, RAW), kept, "event_id", "event_date", ctx.app_id(RAW), 0, range_column="position")
     applied = apply_table(config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
     dead = [batch.dead_letters]
     if applied is not None and applied.dead:

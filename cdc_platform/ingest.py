@@ -259,7 +259,9 @@ class IngestJob:
         figures: dict[str, float] = {}
 
         t = time.perf_counter()
-        inserted = lake.insert_new_once(self.path(RAW), batch.events, "event_id", "event_date", ctx.app_id(RAW), batch_id)
+        inserted = lake.insert_new_once(
+            self.path(RAW), batch.events, "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position"
+        )
         landed[RAW] = inserted if inserted is not None else 0
         markers_inserted = lake.insert_new_once(self.path(MARKERS), batch.markers, "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id)
         landed[MARKERS] = markers_inserted if markers_inserted is not None else 0

@@ -49,6 +49,35 @@ def test_insert_new_once_skips_known_ids(tmp_path: Path) -> None:
     assert table.column("v").to_pylist() == [1, 2, 3], "the first copy wins"
 
 
+POSITIONED = pa.schema([*SCHEMA, pa.field("position", pa.string())])
+
+
+def positioned(*items: tuple[str, str | None]) -> pa.Table:
+    day = dt.date(2026, 1, 1)
+    n = len(items)
+    return pa.table({"id": [i for i, _ in items], "day": [day] * n, "v": [0] * n, "position": [p for _, p in items]}, schema=POSITIONED)
+
+
+def test_position_bounds_never_let_a_redelivered_id_through(tmp_path: Path) -> None:
+    """Bounds prune files by their statistics; an id whose position is a file's min or max is still found."""
+    path = tmp_path / "t"
+    lake.ensure_table(path, POSITIONED, ["day"])
+    long = "9" * 80  # longer than the statistics keep: delta-rs must round the truncated max up
+    for version, batch in enumerate([[("a", "0010"), ("b", "0019")], [("c", "0020"), ("d", long)], [("e", None)], [("f", "it's")]]):
+        assert lake.insert_new_once(path, positioned(*batch), "id", "day", "q:t", version, range_column="position") == len(batch)
+    redelivered = [
+        [("b", "0019"), ("g", "0030")],  # the max of the first file, with a new event above it
+        [("a", "0010")],  # the min of the first file, alone: the bounds are one value
+        [("d", long), ("c", "0020")],  # a truncated statistic
+        [("e", None), ("h", "0040")],  # nulls: no bounds at all
+        [("f", "it's"), ("i", "0050")],  # a quote: no bounds rather than a broken literal
+    ]
+    inserted = [lake.insert_new_once(path, positioned(*b), "id", "day", "q:t", 10 + i, range_column="position") for i, b in enumerate(redelivered)]
+    assert inserted == [1, 0, 0, 1, 1]
+    ids = lake.open_table(path).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids) == ["a", "b", "c", "d", "e", "f", "g", "h", "i"], "every id once"
+
+
 def test_spark_reads_the_snapshot_not_the_directory(spark: Any, tmp_path: Path) -> None:
     path = tmp_path / "t"
     lake.ensure_table(path, SCHEMA, ["day"])
