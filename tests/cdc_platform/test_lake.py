@@ -142,3 +142,36 @@ def test_scan_filters_files_that_merge_wrote_as_string_view(tmp_path: Path) -> N
     with pytest.raises(pa.ArrowNotImplementedError):
         table.to_pyarrow_dataset().to_table(filter=pc.field("id") == "b")
     assert lake.scan(table, ["id", "v"], pc.field("id") == "b").to_pylist() == [{"id": "b", "v": 2}]
+
+
+def test_kept_handles_follow_the_table_and_notice_a_recreated_one(tmp_path: Path) -> None:
+    """open_table keeps a handle per thread; it must never serve a stale or foreign snapshot."""
+    import shutil
+    import threading
+
+    from deltalake import write_deltalake
+
+    path = tmp_path / "t"
+    lake.ensure_table(path, SCHEMA, ["day"])
+    first = lake.open_table(path)
+    write_deltalake(str(path), rows(("a", 1)), mode="append")  # a writer that does not go through the handle
+    assert lake.open_table(path) is first, "the handle is kept"
+    assert first.to_pyarrow_table().column("id").to_pylist() == ["a"], "and moved to the latest version"
+
+    shutil.rmtree(path)  # dropped and created again at the same path, with as many commits
+    lake.ensure_table(path, SCHEMA, ["day"])
+    write_deltalake(str(path), rows(("b", 2)), mode="append")
+    again = lake.open_table(path)
+    assert again is not first, "a recreated table gets a fresh open"
+    assert again.to_pyarrow_table().column("id").to_pylist() == ["b"]
+
+    shutil.rmtree(path)
+    with pytest.raises(LakeError, match="is not a Delta table"):
+        lake.open_table(path)
+
+    lake.ensure_table(path, SCHEMA, ["day"])
+    seen: list[Any] = []
+    worker = threading.Thread(target=lambda: seen.append(lake.open_table(path)))
+    worker.start()
+    worker.join()
+    assert seen[0] is not lake.open_table(path), "threads never share a mutable handle"
