@@ -263,7 +263,9 @@ class IngestJob:
             self.path(RAW), batch.events, "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position"
         )
         landed[RAW] = inserted if inserted is not None else 0
-        markers_inserted = lake.insert_new_once(self.path(MARKERS), batch.markers, "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id)
+        markers_inserted = lake.insert_new_once(
+            self.path(MARKERS), batch.markers, "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id, range_column="transaction_id"
+        )  # the marker id is `<transaction id>|<status>`
         landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
         seconds["raw"] = time.perf_counter() - t
         replayed = inserted is None
