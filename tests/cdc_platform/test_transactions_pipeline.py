@@ -169,3 +169,72 @@ def test_an_idle_stream_times_out_open_transactions(
         runner.join(timeout=60)
     assert [(r["transaction_id"], r["reason"], r["expired_by"]) for r in found] == [("g:1", T.MISSING_END, T.PROCESSING_TIME)]
     assert job.reports and job._failure is None
+
+
+def test_the_held_state_is_dropped_when_the_state_table_moved_on_under_it(make_config: Callable[..., PlatformConfig]) -> None:
+    """Another writer (a second process, an operator's repair) commits the state: the next batch reads it."""
+    cfg = make_config(TABLES)
+    stage = T.TransactionStage()
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    job.process_parsed(parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1)]), 0, "query-a")
+    state_path = lake.table_path(cfg.lake, T.OPEN_TRANSACTIONS)
+    assert stage._cache is not None and stage._cache[1] == lake.open_table(state_path).version(), "its own commit is held"
+
+    # Someone else rewrites the state: g:1 is forgotten there (its BEGIN and charge with it).
+    lake.overwrite_once(state_path, T.empty_state(), None, None)
+    job.process_parsed(parsed_table([ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS)]), 1, "query-a")
+    assert rows(cfg, T.TRANSACTIONS) == [], "decided on the table as committed, not on the held copy"
+    (open_row,) = [r for r in rows(cfg, T.OPEN_TRANSACTIONS) if r["entry"] == T.OPEN]
+    assert (open_row["transaction_id"], open_row["has_begin"], open_row["seen_count"]) == ("g:1", False, 1)
+
+
+def test_a_state_commit_that_is_not_recognisably_ours_is_not_held(make_config: Callable[..., PlatformConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that slips in between our state commit and the version check must not get our held state stamped on it."""
+    cfg = make_config(TABLES)
+    stage = T.TransactionStage()
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    state_path = lake.table_path(cfg.lake, T.OPEN_TRANSACTIONS)
+    real = lake.overwrite_once
+
+    def and_someone_else(path: Path, *args: Any, **kwargs: Any) -> bool:
+        wrote = real(path, *args, **kwargs)
+        if path.name == T.OPEN_TRANSACTIONS:
+            real(path, T.empty_state(), None, None)
+        return wrote
+
+    monkeypatch.setattr(lake, "overwrite_once", and_someone_else)
+    job.process_parsed(parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1)]), 0, "query-a")
+    monkeypatch.setattr(lake, "overwrite_once", real)
+    assert stage._cache is None, "the latest commit is not ours: nothing is held"
+    assert [r for r in rows(cfg, T.OPEN_TRANSACTIONS) if r["entry"] == T.OPEN] == []
+    job.process_parsed(parsed_table([ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS)]), 1, "query-a")
+    assert rows(cfg, T.TRANSACTIONS) == []
+
+
+def test_vacuum_commits_keep_the_held_state_and_the_results_right(make_config: Callable[..., PlatformConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(T, "MAINTENANCE_EVERY", 2)
+    monkeypatch.setattr(T, "MAINTENANCE_RETENTION_HOURS", 0)  # so vacuum removes files and commits
+    cfg = make_config(TABLES)
+    stage = T.TransactionStage()
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    state_path = lake.table_path(cfg.lake, T.OPEN_TRANSACTIONS)
+    loads = 0
+    real_hold = T.hold
+
+    def counting_hold(state: pa.Table) -> T.Held:
+        nonlocal loads
+        loads += 1
+        return real_hold(state)
+
+    monkeypatch.setattr(T, "hold", counting_hold)
+    for b in range(4):
+        job.process_parsed(parsed_table([begin(f"g:{b}", b), ev(f"g:{b}", "charges", 100 + 10 * b, b, row=b)]), 2 * b, "query-a")
+        job.process_parsed(parsed_table([ev(f"g:{b}", "audits", 101 + 10 * b, b, row=b, order=2), end(f"g:{b}", b, COUNTS)]), 2 * b + 1, "query-a")
+    ops = [c.get("operation") for c in lake.open_table(state_path).history()]
+    assert any(str(op).startswith("VACUUM") for op in ops), ops
+    assert loads == 1, "only the first batch read the state table"
+    assert stage._cache is not None and stage._cache[1] == lake.open_table(state_path).version()
+    assert sorted(r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)) == [f"g:{b}" for b in range(4)]
