@@ -24,6 +24,7 @@ import gc
 import hashlib
 import json
 import math
+import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -107,6 +108,20 @@ _ORJSON_UNSAFE_INPUT = re.compile(r"[:,\[]\s*(?:\d{20}|-\d{19})")
 _ORJSON_UNSAFE_OUTPUT = re.compile(rb"[:,\[]-?(?:\d+(?:\.\d+)?[eE]|0\.0000)")
 _ORJSON_SORTED = 0 if _orjson is None else _orjson.OPT_SORT_KEYS
 
+#: `_ORJSON_UNSAFE_INPUT` needs 19 digits in a row. On an ASCII line a bytes translation finds such a
+#: run five times faster than the regex scans (which tries a match after every `:` and `,`), so the
+#: regex runs only on the rare line that has one; non-ASCII lines (where `\d` also matches other
+#: scripts' digits) go straight to the regex. The decision is the regex's either way.
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x2E for b in range(256))
+_NINETEEN_DIGITS = b"0" * 19
+
+
+def _orjson_may_misread(line: str) -> bool:
+    """True when `_ORJSON_UNSAFE_INPUT` matches `line` (see the comment above it)."""
+    if line.isascii() and _NINETEEN_DIGITS not in line.encode("ascii").translate(_DIGITS_AS_ZERO):
+        return False
+    return _ORJSON_UNSAFE_INPUT.search(line) is not None
+
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard constant {name}")
@@ -126,7 +141,7 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite
 
 def _loads(line: str) -> Any:
     """`json.loads`, through orjson when that yields the same objects; errors always come from the stdlib."""
-    if _orjson is not None and not _ORJSON_UNSAFE_INPUT.search(line):
+    if _orjson is not None and not _orjson_may_misread(line):
         try:
             return _orjson.loads(line)
         except _orjson.JSONDecodeError:
@@ -147,7 +162,8 @@ def _stdlib_dumps(obj: Any, sort_keys: bool) -> str:
         raise _Dead("out_of_range", "a number does not fit a 64-bit float (e.g. 1e400)") from None
 
 
-def _fast_dumps(obj: Any, option: int) -> str | None:
+def _fast_dumps_utf8(obj: Any, option: int) -> bytes | None:
+    """orjson's UTF-8 text of `obj` when it is the stdlib's byte for byte, else None."""
     if _orjson is None:
         return None
     try:
@@ -156,7 +172,12 @@ def _fast_dumps(obj: Any, option: int) -> str | None:
         return None
     if (b"e-" in out or b"e+" in out or b"0.0000" in out) and _ORJSON_UNSAFE_OUTPUT.search(out):
         return None  # the substring tests are cheap and rule out almost every line before the regex
-    return out.decode("utf-8")
+    return out
+
+
+def _fast_dumps(obj: Any, option: int) -> str | None:
+    out = _fast_dumps_utf8(obj, option)
+    return None if out is None else out.decode("utf-8")
 
 
 def canonical_json(obj: Any) -> str:
@@ -178,6 +199,8 @@ def _text(obj: Any) -> str | None:
 
 def _as_int(value: Any, field: str) -> int | None:
     """Accept ints and integral numeric strings (some converters stringify int64); reject the rest."""
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:  # nearly every call: skip the checks below
+        return value
     if value is None:
         return None
     if isinstance(value, bool):
@@ -197,6 +220,8 @@ def _as_int(value: Any, field: str) -> int | None:
 
 def _as_ts_ms(value: Any, field: str) -> int | None:
     """Epoch milliseconds that a date and a microsecond timestamp can hold (Python, Arrow, Delta)."""
+    if type(value) is int and MIN_TS_MS <= value <= MAX_TS_MS:  # nearly every call (the range is within int64)
+        return value
     ms = _as_int(value, field)
     if ms is not None and not MIN_TS_MS <= ms <= MAX_TS_MS:
         raise _Dead("out_of_range", f"`{field}` is {ms}, not epoch milliseconds between the years 1 and 9999")
@@ -212,14 +237,54 @@ def normalise_transaction_id(raw_id: Any) -> str | None:
     return m.group(1) if m else text
 
 
+#: Per-process memo of values that repeat on nearly every line: `table_id` by (namespace, table) for
+#: names that passed the safe-name check, and the binlog index by `source.file`. Bounded so a stream
+#: of garbage names cannot grow them without end; clearing only costs a recomputation.
+_MEMO_LIMIT = 4096
+_TABLE_IDS: dict[tuple[str | None, str], str] = {}
+_BINLOG_INDEX: dict[str, int] = {}
+
+
+def _table_id(src: Mapping[str, Any]) -> str:
+    """`<db-or-schema>.<table>` from `source`, or the dead letter that says why there is none."""
+    table = src.get("table")
+    namespace = src.get("schema") or src.get("db")
+    if type(table) is str and (namespace is None or type(namespace) is str):
+        known = _TABLE_IDS.get((namespace, table))
+        if known is not None:
+            return known
+    if table is None or table == "":
+        raise _Dead("missing_table")
+    if not isinstance(table, str):
+        raise _Dead("invalid_field", f"`source.table` is a {_json_type(table)}, expected a string")
+    for part in (table, namespace):
+        if part is not None and (not isinstance(part, str) or not SAFE_NAME_RE.match(part)):
+            raise _Dead("unsafe_table_name", json.dumps(part)[:80])
+    table_id = f"{namespace}.{table}" if namespace else table
+    if len(_TABLE_IDS) >= _MEMO_LIMIT:
+        _TABLE_IDS.clear()
+    _TABLE_IDS[(namespace, table)] = table_id
+    return table_id
+
+
+def _binlog_index(file: str) -> int:
+    """The trailing number of a binlog file name (`mysql-bin.000018` -> 18), 0 without one."""
+    index = _BINLOG_INDEX.get(file)
+    if index is None:
+        m = _TRAILING_DIGITS_RE.search(file)
+        index = int(m.group(1)) if m else 0
+        if len(_BINLOG_INDEX) >= _MEMO_LIMIT:
+            _BINLOG_INDEX.clear()
+        _BINLOG_INDEX[file] = index
+    return index
+
+
 def _position(connector: str, src: Mapping[str, Any], source_ms: int | None, tx_order: int | None) -> tuple[str, str]:
     if connector == "postgresql" and src.get("lsn") is not None:
         return f"{_as_int(src.get('lsn'), 'source.lsn'):020d}", "pg_lsn"
-    if connector == "mysql" and src.get("pos") is not None:
-        file = str(src.get("file") or "")
-        m = _TRAILING_DIGITS_RE.search(file)
-        file_index = int(m.group(1)) if m else 0
-        pos = _as_int(src.get("pos"), "source.pos") or 0
+    if connector == "mysql" and (pos := src.get("pos")) is not None:
+        file_index = _binlog_index(str(src.get("file") or ""))
+        pos = _as_int(pos, "source.pos") or 0
         row = _as_int(src.get("row"), "source.row") or 0
         return f"{file_index:010d}{pos:020d}{row:010d}", "mysql_binlog"
     if connector == "sqlserver" and src.get("commit_lsn") is not None:
@@ -345,16 +410,8 @@ def _parse_change(
         raise _Dead("missing_table")
     if not isinstance(src, dict):
         raise _Dead("invalid_field", f"`source` is a {_json_type(src)}, expected an object")
-    table = src.get("table")
-    if table is None or table == "":
-        raise _Dead("missing_table")
-    if not isinstance(table, str):
-        raise _Dead("invalid_field", f"`source.table` is a {_json_type(table)}, expected a string")
-    namespace = src.get("schema") or src.get("db")
-    for part in (table, namespace):
-        if part is not None and (not isinstance(part, str) or not SAFE_NAME_RE.match(part)):
-            raise _Dead("unsafe_table_name", json.dumps(part)[:80])
-    table_id = f"{namespace}.{table}" if namespace else table
+    table_id = _table_id(src)
+    table = src["table"]
 
     op = env.get("op")
     if op is None:
@@ -362,11 +419,20 @@ def _parse_change(
     if not isinstance(op, str) or op not in KNOWN_OPS:
         raise _Dead("unknown_op", json.dumps(op)[:40], table_id=table_id)
     before, after = env.get("before"), env.get("after")
-    for name, image in (("before", before), ("after", after)):
-        if image is not None and not isinstance(image, dict):
-            raise _Dead("invalid_field", f"`{name}` is a {_json_type(image)}, expected an object or null", table_id)
+    if before is not None and not isinstance(before, dict):
+        raise _Dead("invalid_field", f"`before` is a {_json_type(before)}, expected an object or null", table_id)
+    if after is not None and not isinstance(after, dict):
+        raise _Dead("invalid_field", f"`after` is a {_json_type(after)}, expected an object or null", table_id)
     if op in ("c", "u", "r") and after is None:
         raise _Dead("missing_after", repr(op), table_id)
+
+    # The identity text comes first because it vouches for the rest: when orjson writes the whole
+    # envelope as the stdlib would, it writes every part of it (key values, row images) that way too,
+    # since `_fast_dumps`'s output check looks only at single number tokens. Those parts then skip it.
+    identity = dict(env)
+    identity.pop("ts_ms", None)
+    identity_utf8 = _fast_dumps_utf8(identity, _ORJSON_SORTED)  # None: the stdlib writes it, further down
+    plain = _orjson is not None and identity_utf8 is not None
 
     key_cols = keys.for_table(table_id)
     key_text: str | None = None
@@ -380,10 +446,16 @@ def _parse_change(
     if key_cols and op != "t":
         image = after if op != "d" else before_for_key
         assert image is not None
-        missing = [c for c in key_cols if image.get(c) is None]
-        if missing:
-            raise _Dead("missing_key", ", ".join(missing), table_id)
-        key_text = canonical_json({c: image[c] for c in key_cols})
+        key_values = {}
+        for c in key_cols:
+            value = image.get(c)
+            if value is None:
+                raise _Dead("missing_key", ", ".join(c for c in key_cols if image.get(c) is None), table_id)
+            key_values[c] = value
+        if plain and image is not message_key:
+            key_text = _orjson.dumps(key_values, option=_ORJSON_SORTED).decode("utf-8")
+        else:
+            key_text = canonical_json(key_values)
 
     source_ms = _as_ts_ms(src.get("ts_ms"), "source.ts_ms")
     envelope_ms = _as_ts_ms(env.get("ts_ms"), "ts_ms")
@@ -394,32 +466,40 @@ def _parse_change(
     if tx is not None:
         if not isinstance(tx, dict):
             raise _Dead("invalid_field", f"`transaction` is a {_json_type(tx)}, expected an object or null", table_id)
-        tx_raw_id = None if tx.get("id") is None else str(tx.get("id"))
+        raw_id = tx.get("id")
+        tx_raw_id = None if raw_id is None else str(raw_id)
         tx_total = _as_int(tx.get("total_order"), "transaction.total_order")
         tx_coll = _as_int(tx.get("data_collection_order"), "transaction.data_collection_order")
     connector = str(src.get("connector") or "")
     position, position_kind = _position(connector, src, source_ms, tx_total)
     snapshot = src.get("snapshot") not in _SNAPSHOT_FALSE or op == "r"
 
-    identity = dict(env)
-    identity.pop("ts_ms", None)
-    event_id = hashlib.blake2b(canonical_json(identity).encode("utf-8"), digest_size=16).hexdigest()
+    if identity_utf8 is None:
+        identity_utf8 = _stdlib_dumps(identity, True).encode("utf-8")
+    event_id = hashlib.blake2b(identity_utf8, digest_size=16).hexdigest()  # of canonical_json(identity)
+    before_image = before if before is not None else (before_for_key if op == "d" else None)  # else: message key
+    if plain:
+        before_text = _orjson.dumps(before).decode("utf-8") if before is not None else _text(before_image)
+        after_text = None if after is None else _orjson.dumps(after).decode("utf-8")
+    else:
+        before_text, after_text = _text(before_image), _text(after)
     day_ms = source_ms if source_ms is not None else envelope_ms
+    name, db, namespace = src.get("name"), src.get("db"), src.get("schema")
     return {
         "kind": "change",
         "event_id": event_id,
         "event_date": None if day_ms is None else day_ms // MS_PER_DAY,
         "table_id": table_id,
         "source_connector": connector or None,
-        "source_name": None if src.get("name") is None else str(src.get("name")),
-        "source_db": None if src.get("db") is None else str(src.get("db")),
-        "source_schema": None if src.get("schema") is None else str(src.get("schema")),
+        "source_name": None if name is None else str(name),
+        "source_db": None if db is None else str(db),
+        "source_schema": None if namespace is None else str(namespace),
         "source_table": table,
         "op": op,
         "key": key_text,
-        "before": _text(before if before is not None else (before_for_key if op == "d" else None)),
-        "after": _text(after),
-        "row_schema": _row_schema(schema),
+        "before": before_text,
+        "after": after_text,
+        "row_schema": None if schema is None else _row_schema(schema),
         "position": position,
         "position_kind": position_kind,
         "source_ts": None if source_ms is None else source_ms * 1000,
@@ -515,8 +595,58 @@ def parse_lines(lines: Iterable[str | None], files: Iterable[str | None], keys: 
     return [parse_line(line, f, keys) for line, f in zip(lines, files)]
 
 
+#: The keys of each kind of row `parse_line` returns, in its order. `rows_to_batch` relies on them only
+#: after checking that every row has exactly these keys; any other row takes the general path.
+_ROW_KEYS: dict[str, tuple[str, ...]] = {
+    "change": (
+        "kind", "event_id", "event_date", "table_id", "source_connector", "source_name", "source_db", "source_schema",
+        "source_table", "op", "key", "before", "after", "row_schema", "position", "position_kind", "source_ts",
+        "envelope_ts", "snapshot", "transaction_id", "transaction_raw_id", "tx_total_order", "tx_collection_order",
+        "source_file", "line",
+    ),
+    "marker": (
+        "kind", "marker_id", "marker_date", "transaction_id", "transaction_raw_id", "status", "event_count",
+        "data_collections", "marker_shape", "marker_ts", "source_file", "line",
+    ),
+    "dead_letter": ("kind", "line", "source_file", "reason_code", "reason", "table_id"),
+    "tombstone": ("kind", "line", "source_file"),
+}
+_ROW_GETTERS = {kind: operator.itemgetter(*names) for kind, names in _ROW_KEYS.items()}
+_KEY_COUNTS = {kind: len(names) for kind, names in _ROW_KEYS.items()}
+_NULL_ROWS = {kind: dict.fromkeys(names) for kind, names in _ROW_KEYS.items()}
+_KIND_OF = operator.itemgetter("kind")
+
+
 def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(rows, schema=PARSED)  # C++ walks the dicts; missing keys are null
+    """`RecordBatch.from_pylist(rows, schema=PARSED)` (missing keys are null, unknown keys ignored), faster.
+
+    `from_pylist` looks every schema column up in every dict, one cell at a time. A batch is nearly
+    all one kind of row (a file holds change events or markers), and rows of one kind share their
+    keys, so those keys are read at C speed (`itemgetter`, transposed by `zip`); the few rows of other
+    kinds are padded to the same keys, and the columns only they have are read with `dict.get`.
+    """
+    try:
+        kinds = list(map(_KIND_OF, rows))
+        if list(map(len, rows)) != list(map(_KEY_COUNTS.__getitem__, kinds)):
+            raise KeyError("a row with other keys than parse_line gives its kind")
+        main = max(set(kinds), key=kinds.count) if rows else "tombstone"
+        others = [i for i, kind in enumerate(kinds) if kind != main]
+        padded = list(rows) if others else rows
+        extra: set[str] = set()
+        for i in others:
+            kind = kinds[i]
+            _ROW_GETTERS[kind](rows[i])  # with the count checked above: exactly the keys of its kind
+            padded[i] = _NULL_ROWS[main] | rows[i]
+            extra.update(_ROW_KEYS[kind])
+        names = _ROW_KEYS[main]
+        columns: dict[str, Sequence[Any]] = dict(zip(names, zip(*map(_ROW_GETTERS[main], padded))))
+    except (KeyError, TypeError):  # a row without a known `kind`, or not shaped as parse_line makes them
+        return pa.RecordBatch.from_pylist(rows, schema=PARSED)
+    for name in extra.difference(names):
+        columns[name] = [row.get(name) for row in padded]
+    n = len(rows)
+    arrays = [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type) for f in PARSED]
+    return pa.RecordBatch.from_arrays(arrays, schema=PARSED)
 
 
 def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:

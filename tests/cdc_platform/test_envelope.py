@@ -325,3 +325,92 @@ def test_duplicate_json_keys_take_the_last_value_like_jackson() -> None:
     line = json.dumps(change(op="c")).replace('"op": "c"', '"op": "c", "op": "r"')
     row = parse_line(line, "f", KEYS)
     assert row["kind"] == "change" and row["op"] == "r"
+
+
+# --- the speed-ups keep the output: columnar batches, the input pre-check, shortcuts vouched by the identity ---
+
+def _mixed_rows() -> list[dict[str, Any]]:
+    import random
+
+    rng = random.Random(7)
+    lines = [json.dumps(change(after={"id": i, "v": _random_value(rng)})) for i in range(60)]
+    lines += ['{"status":"END","id":"571:9","ts_ms":1,"event_count":1,"data_collections":[{"data_collection":"a.b","event_count":1}]}'] * 5
+    lines += ["", "null", "[1]", "{", json.dumps(change(op="x")), json.dumps(change(source=change()["source"] | {"table": "a b"}))]
+    rng.shuffle(lines)
+    return [parse_line(line, "f", KEYS) for line in lines]
+
+
+def test_rows_to_batch_is_from_pylist_for_any_mix_of_rows() -> None:
+    import random
+
+    import pyarrow as pa
+
+    rows = _mixed_rows()
+    rng = random.Random(3)
+    odd = [{"kind": "change"}, {"line": "no kind"}, {"kind": "marker", "status": "BEGIN"}, {"kind": ["unhashable"]}]
+    for trial in range(200):
+        sample = rng.sample(rows, rng.randrange(len(rows)))
+        if trial % 3 == 0:
+            edited = dict(rng.choice(rows))
+            edited[rng.choice(["status", "reason", "unknown", "event_id"])] = None if trial % 2 else "x"
+            sample.append(edited)
+        if trial % 5 == 0:
+            sample.append(rng.choice(odd))
+        try:
+            want = pa.RecordBatch.from_pylist(sample, schema=PARSED)
+        except (pa.ArrowException, TypeError):
+            continue
+        assert rows_to_batch(sample).equals(want), sample
+    assert rows_to_batch([]).equals(pa.RecordBatch.from_pylist([], schema=PARSED))
+
+
+def test_input_precheck_decides_as_the_regex() -> None:
+    import random
+
+    import cdc_platform.envelope as envelope
+
+    rng = random.Random(11)
+    alphabet = ["1", "9", "0", "-", ":", ",", "[", " ", "\t", "a", '"', "\u0663", "\uff11", "."]
+    lines = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(60))) for _ in range(5000)]
+    lines += [f'{{"a":{"9" * n}}}' for n in range(15, 25)] + [f'{{"a":-{"9" * n}}}' for n in range(15, 25)]
+    lines += ['{"a": "\u0663' * 20 + '"}', '{"a":' + "\u0663" * 20 + "}"]
+    for line in lines:
+        assert envelope._orjson_may_misread(line) == bool(envelope._ORJSON_UNSAFE_INPUT.search(line)), line
+
+
+def test_keys_and_row_images_match_the_stdlib_path_whatever_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity's orjson text vouches for the key and row images: check that on keys made of awkward numbers."""
+    import random
+
+    import cdc_platform.envelope as envelope
+
+    if envelope._orjson is None:
+        pytest.skip("orjson is not installed: only the stdlib path exists")
+    rng = random.Random(5)
+    lines = [json.dumps(change(after={"id": _random_value(rng), "v": _random_value(rng)})) for _ in range(1500)]
+    lines += [json.dumps(change(op="d", before={"id": _random_value(rng)}, after=None)) for _ in range(500)]
+    lines += [json.dumps({"key": {"id": _random_value(rng)}, "value": change(op="d", before=None, after={"v": _random_value(rng)})})
+              for _ in range(500)]
+    fast = [parse_line(line, "f", KEYS) for line in lines]
+    monkeypatch.setattr(envelope, "_orjson", None)
+    slow = [parse_line(line, "f", KEYS) for line in lines]
+    assert sum(r["kind"] == "change" for r in fast) > 1000
+    for line, a, b in zip(lines, fast, slow):
+        assert a == b, line
+
+
+def test_memoised_table_ids_keep_every_name_check() -> None:
+    src = change()["source"]
+    assert parse_line(json.dumps(change()), "f", KEYS)["table_id"] == "payments.customers"
+    cases = [
+        (src | {"db": "pay ments"}, "unsafe_table_name"),
+        (src | {"db": 7}, "unsafe_table_name"),
+        (src | {"table": ["customers"]}, "invalid_field"),
+        (src | {"table": ""}, "missing_table"),
+        (src | {"schema": "public"}, "public.customers"),
+        (src | {"db": None}, "customers"),
+    ]
+    for _ in range(2):  # the second round finds the first round's names memoised
+        for source, want in cases:
+            row = parse_line(json.dumps(change(source=source)), "f", KEYS)
+            assert row.get("reason_code", row.get("table_id")) == want, source
