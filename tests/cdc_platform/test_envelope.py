@@ -367,7 +367,7 @@ def test_rows_to_batch_is_from_pylist_for_any_mix_of_rows() -> None:
 def test_input_precheck_decides_as_the_regex() -> None:
     import random
 
-    import cdc_platform.envelope as envelope
+    from cdc_platform import envelope
 
     rng = random.Random(11)
     alphabet = ["1", "9", "0", "-", ":", ",", "[", " ", "\t", "a", '"', "\u0663", "\uff11", "."]
@@ -382,7 +382,7 @@ def test_keys_and_row_images_match_the_stdlib_path_whatever_the_numbers(monkeypa
     """The identity's orjson text vouches for the key and row images: check that on keys made of awkward numbers."""
     import random
 
-    import cdc_platform.envelope as envelope
+    from cdc_platform import envelope
 
     if envelope._orjson is None:
         pytest.skip("orjson is not installed: only the stdlib path exists")
