@@ -46,6 +46,7 @@ SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_$\-]{0,127}$")
 PG_TX_ID_RE = re.compile(r"^(\d+):(\d+)$")
 _TRAILING_DIGITS_RE = re.compile(r"(\d+)$")
 _SNAPSHOT_FALSE = {None, False, "false", "False", ""}
+_INT_TEXT_RE = re.compile(r"-?[0-9]{1,39}")  # an integer some converter wrote as a string
 
 #: Dead-letter reason codes with the sentence an operator reads. `{}` fields are filled per line.
 REASONS: dict[str, str] = {
@@ -209,8 +210,8 @@ def _as_int(value: Any, field: str) -> int | None:
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 40:
-        number = int(value.strip())
+    elif isinstance(value, str) and _INT_TEXT_RE.fullmatch(value.strip()):
+        number = int(value.strip())  # ASCII digits only: "²" or "١٢" pass str.isdigit(), and no JSON reader takes them
     else:
         raise _Dead("invalid_field", f"`{field}` is {json.dumps(value)[:60]}, expected an integer")
     if not INT64_MIN <= number <= INT64_MAX:  # would fail the whole Arrow batch, not just this line
@@ -472,7 +473,11 @@ def _parse_change(
         tx_coll = _as_int(tx.get("data_collection_order"), "transaction.data_collection_order")
     connector = str(src.get("connector") or "")
     position, position_kind = _position(connector, src, source_ms, tx_total)
-    snapshot = src.get("snapshot") not in _SNAPSHOT_FALSE or op == "r"
+    snapshot_flag = src.get("snapshot")
+    if isinstance(snapshot_flag, (dict, list)):  # unhashable: the set lookup below would fail the whole batch
+        kind = "an object" if isinstance(snapshot_flag, dict) else "an array"
+        raise _Dead("invalid_field", f"`source.snapshot` is {kind}, expected a string or boolean", table_id)
+    snapshot = snapshot_flag not in _SNAPSHOT_FALSE or op == "r"
 
     if identity_utf8 is None:
         identity_utf8 = _stdlib_dumps(identity, True).encode("utf-8")

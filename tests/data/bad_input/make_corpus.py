@@ -328,6 +328,17 @@ def kinds() -> list[Kind]:
     ks.append(("38_column_names_differing_in_case.jsonl", "column names that differ only in case (Spark and Delta fold case)", [
         (line(event(row={"id": 970, "email": "a@example.com", "Email": "b@example.com"})), "raw"),
     ], "\n"))
+
+    # Found by fuzzing the parser: each of these once raised inside the parser and failed the whole batch.
+    ks.append(("39_values_that_once_failed_a_batch.jsonl", "values that once failed a whole batch (unhashable snapshot flag, digits int() refuses)", [
+        (line(event(source=source(snapshot=["true"]))), "dead:invalid_field"),
+        (line(event(source=source(snapshot={"last": True}))), "dead:invalid_field"),
+        (line(event(source=source(pos="\u00b2"))), "dead:invalid_field"),  # superscript two: str.isdigit() says yes
+        (line(event(source=source(pos="--5"))), "dead:invalid_field"),
+        (line(event(source=source(pos="\u0661\u0662"))), "dead:invalid_field"),  # Arabic-Indic digits: no JSON reader takes them
+        (line(event(transaction={"id": "8c1f2e3a:9", "total_order": "\u00b2", "data_collection_order": 1})), "dead:invalid_field"),
+        (line(event(row={"id": 971, "email": "still-fine@example.com"})), "raw"),
+    ], "\n"))
     return ks
 
 
