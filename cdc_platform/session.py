@@ -88,6 +88,10 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None) -> Spar
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.sql.catalogImplementation", "in-memory")
+        # Each micro-batch names its files; past 32 paths Spark lists them with a distributed job, which
+        # cost ~0.4 s a batch of 200 local files against ~0.1 s listed in the driver (benchmarks/README.md).
+        # On an object store with a real cluster, leave Spark's default (drop this line).
+        .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
     )
     _SESSION = builder.getOrCreate()
     return _SESSION
