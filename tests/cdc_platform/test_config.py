@@ -67,6 +67,8 @@ def test_flags_override_the_file_and_the_env_var_names_the_file(tmp_path: Path) 
         ("landing: l\nlake: k\ntables:\n  a.c: {key: ['id; drop']}\n", "not a valid column name"),
         ("landing: l\nlake: k\ntransaction_timeout: -1\n", "transaction_timeout"),
         ("landing: l\nlake: k\ntrigger_interval: soon\n", "trigger_interval"),
+        ("landing: l\nlake: k\nparse_workers: 0\n", "`parse_workers` must be an integer from 1 to 64"),
+        ("landing: l\nlake: k\nparse_workers: two\n", "`parse_workers` must be an integer from 1 to 64"),
         ("lake: k\n", "no landing directory"),
         ("- a\n- b\n", "mapping at the top level"),
         ("landing: [\n", "not valid YAML"),

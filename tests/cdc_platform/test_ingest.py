@@ -219,3 +219,57 @@ def test_a_stream_killed_while_writing_its_first_offsets_restarts(make_config, l
     report = run_pipeline(cfg)
     assert report.total("rows_read") == 1 and count(query, cfg, "raw_change_events") == 1
     assert not list(offsets.glob(".*.tmp*"))
+
+
+def _corpus_and_peer_lines() -> pa.Table:
+    """Every committed bad-input line and every peer-data line, as the stream hands them to the parser."""
+    corpus = sorted((Path(__file__).resolve().parents[1] / "data" / "bad_input").glob("*.jsonl"))
+    peer = sorted((Path(__file__).resolve().parents[3] / "shared" / "peer-data").rglob("*.txt"))
+    values: list[bytes] = []
+    files: list[str] = []
+    for path in corpus + peer:
+        for raw in path.read_bytes().splitlines():
+            values.append(raw)
+            files.append(str(path))
+    # Spark hands the text source's bytes over as (possibly invalid) UTF-8 strings: keep them as such.
+    value = pa.Array.from_buffers(pa.string(), len(values), pa.array(values, pa.binary()).buffers())
+    return pa.table({"value": value, "source_file": pa.array(files, pa.string())})
+
+
+def test_worker_pool_parses_exactly_as_inline() -> None:
+    """The pool path (chunks as Arrow IPC, results in order) must equal parsing in the driver."""
+    from cdc_platform.ingest import LineParser
+
+    lines = _corpus_and_peer_lines()
+    assert lines.num_rows > 150, "corpus and peer data"
+    keys = KeySpec({"payments.customers": ("id",), "payments.charges": ("id",), "shop.order_items": ("order_id", "line_no")})
+    inline = LineParser(keys, workers=1).parse(lines)
+    pooled_parser = LineParser(keys, workers=2, chunk_rows=37, inline_below=0)
+    try:
+        pooled = pooled_parser.parse(lines)
+    finally:
+        pooled_parser.close()
+    assert inline.num_rows == lines.num_rows
+    assert pooled.equals(inline)
+    assert set(inline.column("kind").to_pylist()) == {"change", "marker", "dead_letter", "tombstone"}
+
+
+def test_a_dead_parser_worker_fails_the_batch_with_advice() -> None:
+    import multiprocessing
+    import os
+    import signal
+
+    from cdc_platform.errors import IngestError
+    from cdc_platform.ingest import LineParser
+
+    lines = _corpus_and_peer_lines()
+    parser = LineParser(KeySpec({}), workers=2, chunk_rows=50, inline_below=0)
+    try:
+        parser.parse(lines)  # starts the pool
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)
+        with pytest.raises(IngestError, match="parser worker process died"):
+            parser.parse(lines)
+        assert parser.parse(lines).num_rows == lines.num_rows, "the next batch gets a fresh pool"
+    finally:
+        parser.close()
