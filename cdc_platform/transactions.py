@@ -365,9 +365,15 @@ def empty_state() -> pa.Table:
 
 
 def _split_events(events: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """(transactional events as flat items, non-transactional (source, position, ts) for the watermark)."""
+    """(transactional events as flat items, non-transactional (source, position, ts, table_id)).
+
+    The non-transactional ones (snapshot reads, changes outside a transaction) feed the watermark and
+    also move their table's stream clock: they are deliveries on that topic like any other.
+    """
     if events.num_rows == 0:
-        return _ITEM.empty_table(), pa.table({"source": pa.array([], pa.string()), "position": pa.array([], pa.string()), "ts": pa.array([], pa.int64())})
+        return _ITEM.empty_table(), pa.table(
+            {"source": pa.array([], pa.string()), "position": pa.array([], pa.string()), "ts": pa.array([], pa.int64()), "table_id": pa.array([], pa.string())}
+        )
     tx = events.column("transaction_id")
     has_tx = pc.is_valid(tx)
     source = pc.fill_null(events.column("source_name"), "")
@@ -377,6 +383,7 @@ def _split_events(events: pa.Table) -> tuple[pa.Table, pa.Table]:
             "source": _arr(source.filter(plain_mask)),
             "position": _arr(events.column("position").filter(plain_mask)),
             "ts": _us(events.column("source_ts").filter(plain_mask)),
+            "table_id": _arr(pc.fill_null(events.column("table_id"), "").filter(plain_mask)),
         }
     )
     ev = events.filter(has_tx)
@@ -519,7 +526,17 @@ def step(
     items, plain = _split_events(events)
     mk = _conform_markers(markers)
 
-    # 1. Streams advance with what they carried in this batch.
+    # 1. Streams advance with what they carried in this batch, in or outside a transaction: a topic
+    #    still delivering its snapshot (reads carry no transaction) is alive and behind, not silent,
+    #    so transactions waiting on it wait for it instead of being judged by the fastest stream.
+    if plain.num_rows:
+        per_plain = plain.group_by("table_id", use_threads=False).aggregate([("ts", "max"), ("source", "min")])
+        for table_id, ts, source in zip(
+            per_plain.column("table_id").to_pylist(), per_plain.column("ts_max").to_pylist(), per_plain.column("source_min").to_pylist()
+        ):
+            if ts is not None and table_id:
+                progress[table_id] = max(progress.get(table_id, ts), ts)
+                stream_source.setdefault(table_id, source or "")
     if items.num_rows:
         per_table = items.group_by("table_id", use_threads=False).aggregate([("source_ts", "max"), ("source", "min")])
         for table_id, ts, source in zip(

@@ -215,6 +215,27 @@ def test_a_slow_stream_does_not_time_out_transactions_waiting_for_it() -> None:
     assert feed.watermark[0]["position"] == position(1100), "g:1 held the watermark at g:0 until it completed"
 
 
+def test_a_stream_still_delivering_its_snapshot_is_behind_not_silent() -> None:
+    """Snapshot reads carry no transaction but are deliveries on their topic: they set its clock.
+
+    Found by the crash trials: the audits topic was still landing its snapshot while charges ran far
+    ahead; counted as never seen, audits was judged by the fastest stream plus the retention, and a
+    healthy transaction waiting for its audits event expired.
+    """
+    feed = Feed()
+    snapshot = [ev(None, "audits", 10 + i, 0, row=100 + i, op="r") for i in range(3)]
+    feed.batch(snapshot + [begin("g:1", 1), ev("g:1", "charges", 101, 1), end("g:1", 1, COUNTS)])
+    for n in range(2, 12):  # markers and charges run 1000 s ahead; audits has delivered only its snapshot
+        feed.batch([begin(f"g:{n}", 100 * n), ev(f"g:{n}", "charges", 100 * n, 100 * n, row=n), end(f"g:{n}", 100 * n, {"shop.charges": 1})])
+    assert feed.incomplete == [] and feed.open_ids() == ["g:1"]
+    feed.batch([ev("g:1", "audits", 102, 1, order=2)])
+    assert feed.completed[-1]["transaction_id"] == "g:1" and feed.incomplete == []
+    feed.batch([ev(None, "audits", 5000, 1200, row=7)])  # once the topic itself is past the timeout, it does judge
+    feed.batch([begin("g:20", 1300), ev("g:20", "charges", 6000, 1300, row=20), end("g:20", 1300, COUNTS)])
+    feed.batch([ev(None, "audits", 7000, 1400, row=8)])
+    assert [(i["transaction_id"], i["reason"]) for i in feed.incomplete] == [("g:20", T.MISSING_EVENTS)]
+
+
 def test_idle_time_expires_what_is_open() -> None:
     feed = Feed()
     feed.batch([begin("g:1", 1), ev("g:1", "charges", 101, 1)] + whole("g:2", 200, 2))
