@@ -25,7 +25,3 @@ class LakeError(CdcError):
 
 class CommitConflictError(LakeError):
     """A Delta commit kept conflicting with a concurrent writer after every retry."""
-
-
-class IngestError(CdcError):
-    """The ingest job could not finish a micro-batch for a reason outside the data; a restart replays it."""

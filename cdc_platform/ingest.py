@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from cdc_platform import lake, schemas
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
-from cdc_platform.errors import CdcError, ConfigError, IngestError
+from cdc_platform.errors import CdcError, ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -229,6 +229,17 @@ def _parse_ipc(blob: pa.Buffer, keys: KeySpec) -> pa.Buffer:
     return _to_ipc(pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED).combine_chunks().to_batches()[0])
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Pool worker initializer: leave when the driver is gone (SIGKILLed drivers must not leave orphans)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 class LineParser:
     """Parses a micro-batch's lines in the driver: inline when small, on worker processes when large.
 
@@ -237,31 +248,48 @@ class LineParser:
     (benchmarks/README.md) that round trip cost 10.5-10.9 s against 5.0 s for one `toArrow()` of the raw
     lines plus a two-process pool here, and small stream batches paid ~0.2 s of fixed worker overhead.
     Chunks travel as Arrow IPC and come back in order, so the result is the same as parsing inline.
-    Workers are spawned (not forked: the driver holds JVM gateway threads) on the first large batch.
+    Workers are spawned (not forked: the driver holds JVM gateway threads) on the first large batch, so
+    a program that embeds the job needs Python's usual `if __name__ == "__main__":` guard.
+
+    A pool that breaks (a worker killed, or unable to start) costs speed, never the batch: that batch
+    is parsed inline, and after `MAX_POOL_FAILURES` breaks the job parses inline from then on.
     """
 
-    def __init__(self, keys: KeySpec, workers: int, *, chunk_rows: int = 10_000, inline_below: int = 20_000) -> None:
+    MAX_POOL_FAILURES = 2
+
+    def __init__(
+        self, keys: KeySpec, workers: int, *, chunk_rows: int = 10_000, inline_below: int = 20_000,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self.keys = keys
         self.workers = workers
         self.chunk_rows = chunk_rows
         self.inline_below = inline_below
+        self.warn = warn or (lambda _msg: None)
+        self.pool_failures = 0
         self._pool: ProcessPoolExecutor | None = None
 
     def parse(self, lines: pa.Table) -> pa.Table:
         lines = lines.select(["value", "source_file"])
-        if self.workers <= 1 or lines.num_rows < self.inline_below:
+        if self.workers <= 1 or lines.num_rows < self.inline_below or self.pool_failures >= self.MAX_POOL_FAILURES:
             return self._inline(lines)
         chunks = [_to_ipc(b) for b in lines.combine_chunks().to_batches(max_chunksize=self.chunk_rows)]
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent, initargs=(os.getpid(),)
+            )
         try:
             blobs = list(self._pool.map(partial(_parse_ipc, keys=self.keys), chunks))
-        except BrokenProcessPool as exc:
+        except BrokenProcessPool:
             self.close()
-            raise IngestError(
-                "a parser worker process died (killed, or out of memory) while parsing this micro-batch; nothing of it "
-                "was committed and a restart replays it. If it recurs, lower `max_files_per_trigger` or `parse_workers`"
-            ) from exc
+            self.pool_failures += 1
+            final = self.pool_failures >= self.MAX_POOL_FAILURES
+            self.warn(
+                "a parser worker process died (killed, out of memory, or the program that embeds the job lacks an "
+                "`if __name__ == \"__main__\":` guard); this micro-batch is parsed in the driver instead"
+                + ("; the pool is not used again in this run (set parse_workers: 1 to skip it)" if final else "")
+            )
+            return self._inline(lines)
         return pa.Table.from_batches([pa.ipc.open_stream(b).read_next_batch() for b in blobs], schemas.PARSED)
 
     def _inline(self, lines: pa.Table) -> pa.Table:
@@ -293,7 +321,7 @@ class IngestJob:
         self._batch_lock = threading.Lock()  # a batch and an idle call never interleave
         self._last_activity = time.monotonic()
         self._last_batch_id = -1
-        self.parser = LineParser(KeySpec(dict(config.keys_by_source)), config.parse_workers)
+        self.parser = LineParser(KeySpec(dict(config.keys_by_source)), config.parse_workers, warn=self.progress)
 
     # -- set-up -------------------------------------------------------------------------------------
     def setup(self) -> None:
