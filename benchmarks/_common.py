@@ -158,7 +158,7 @@ class MemorySampler:
 
     The driver's and the JVM's peaks are the kernel's high-water marks (VmHWM), reset when the sampler
     starts (`/proc/<pid>/clear_refs` = 5) so one measured phase is not charged with an earlier one's
-    peak. Spark's Python workers come and go, so their figure and the tree total are sampled every
+    peak. Python child processes (the parser pool, Spark's Python workers) come and go, so their figure and the tree total are sampled every
     `interval` seconds: a lower bound of the true peak.
     """
 
@@ -209,7 +209,7 @@ class MemorySampler:
 def memory_line(mem: dict[str, float]) -> str:
     return (
         f"peak memory: driver python {mem['driver_python_peak_mib']:,.0f} MiB (VmHWM), "
-        f"JVM {mem['jvm_peak_mib']:,.0f} MiB (VmHWM), Spark python workers {mem['python_workers_peak_mib']:,.0f} MiB (sampled), "
+        f"JVM {mem['jvm_peak_mib']:,.0f} MiB (VmHWM), python child processes (parser pool, Spark workers) {mem['python_workers_peak_mib']:,.0f} MiB (sampled), "
         f"whole process tree {mem['tree_total_peak_mib']:,.0f} MiB (sampled)"
     )
 

@@ -1,7 +1,7 @@
 """Parsing and normalisation of Debezium output, one line at a time.
 
-This is pure Python with no Spark in it: the ingest stage runs it inside `mapInArrow` so both cores
-parse, and the tests run it directly on real connector output. Every line ends as exactly one of: a
+This is pure Python with no Spark in it: the ingest stage runs it in the driver (inline, or on a pool
+of worker processes for large batches), and the tests run it directly on real connector output. Every line ends as exactly one of: a
 change event, a transaction marker, a tombstone, or a dead letter whose reason says what to do.
 
 Normalisation choices worth knowing:
@@ -655,7 +655,7 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
 
 
 def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` body: (value, source_file) batches in, `PARSED` batches out.
+    """(value, source_file) batches in, `PARSED` batches out: what the ingest job's parser runs.
 
     The cyclic garbage collector is paused while a batch is parsed: parsing creates no cycles, but
     its thousands of live dicts made the collector's repeated full scans a large share of the time.
