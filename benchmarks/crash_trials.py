@@ -35,9 +35,17 @@ from pathlib import Path
 from typing import Any
 
 try:  # as a script (benchmarks/ on sys.path) or imported by the test suite (repo root on sys.path)
-    from _common import OUT, REPO, banner, fresh_dir, load_average, say
+    from _common import OUT, REPO, banner, exit_now, fresh_dir, load_average, say
 except ImportError:  # pragma: no cover - exercised by tests/cdc_platform/test_crash_trials.py
-    from benchmarks._common import OUT, REPO, banner, fresh_dir, load_average, say
+    from benchmarks._common import (
+        OUT,
+        REPO,
+        banner,
+        exit_now,
+        fresh_dir,
+        load_average,
+        say,
+    )
 
 MODES = ("random", "after_offsets", "after_raw", "after_state", "after_metrics")
 
@@ -350,4 +358,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -27,7 +27,17 @@ import threading
 import time
 from pathlib import Path
 
-from _common import OUT, REPO, banner, fresh_dir, load_average, say, transactions_for, workload
+from _common import (
+    OUT,
+    REPO,
+    banner,
+    exit_now,
+    fresh_dir,
+    load_average,
+    say,
+    transactions_for,
+    workload,
+)
 
 _SOURCE_TS = re.compile(r'("name":"payments","ts_ms":)\d{13}')
 _MARKER_TS = re.compile(r'("status":"(?:BEGIN|END)","id":"[^"]*","ts_ms":)\d{13}')
@@ -217,4 +227,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -39,14 +39,21 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from _common import banner, exit_now, load_average, say  # noqa: E402
 from deltalake import write_deltalake  # noqa: E402
-
-from _common import banner, load_average, say  # noqa: E402
 
 from cdc_platform import lake, schemas  # noqa: E402
 from cdc_platform.config import PlatformConfig, parse_config  # noqa: E402
 from cdc_platform.ingest import BatchContext, ParsedBatch  # noqa: E402
-from cdc_platform.latest_state import BASE, DELTA, LAYER, META_FIELDS, LatestStateStage, compact, ensure_tables  # noqa: E402
+from cdc_platform.latest_state import (  # noqa: E402
+    BASE,
+    DELTA,
+    LAYER,
+    META_FIELDS,
+    LatestStateStage,
+    compact,
+    ensure_tables,
+)
 
 OUT = REPO / "benchmarks" / "out" / "merge_scaling"
 SOURCE = "bench.customers"
@@ -323,4 +330,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_now(main())

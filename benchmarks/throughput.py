@@ -22,7 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, MemorySampler, banner, fresh_dir, load_average, memory_line, say, stage_names, transactions_for, workload
+from _common import (
+    OUT,
+    MemorySampler,
+    banner,
+    exit_now,
+    fresh_dir,
+    load_average,
+    memory_line,
+    say,
+    stage_names,
+    transactions_for,
+    workload,
+)
 
 #: Files per micro-batch for the benchmark; see benchmarks/README.md for the sweep that chose it.
 DEFAULT_MAX_FILES = 200  # the config default; 1,000 was not faster (benchmarks/README.md)
@@ -289,4 +301,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

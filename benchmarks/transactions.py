@@ -37,6 +37,7 @@ if str(REPO) not in sys.path:  # run as `python benchmarks/transactions.py` with
     sys.path.insert(0, str(REPO))
 
 import pyarrow as pa  # noqa: E402
+from _common import exit_now  # noqa: E402
 
 from cdc_platform import lake  # noqa: E402
 from cdc_platform import transactions as T  # noqa: E402
@@ -222,4 +223,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -195,7 +195,6 @@ def test_a_state_commit_that_is_not_recognisably_ours_is_not_held(make_config: C
     stage = T.TransactionStage()
     job = IngestJob(cfg, stages=[stage])
     job.setup()
-    state_path = lake.table_path(cfg.lake, T.OPEN_TRANSACTIONS)
     real = lake.overwrite_once
 
     def and_someone_else(path: Path, *args: Any, **kwargs: Any) -> bool:
