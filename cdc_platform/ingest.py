@@ -1,10 +1,11 @@
 """Ingest: the Structured Streaming job from landing files to the raw change-event log.
 
 Shape of the job: a file stream over the landing directory (any depth, new files picked up as they
-arrive) -> `foreachBatch`, where the driver takes the batch's lines as Arrow, parses them (`LineParser`:
-inline, or on a pool of worker processes for large batches) and commits them with delta-rs. Inside a batch the data flows one way: the raw log and markers
-first, then every later stage (latest state, transactions) from the same parsed batch, then dead
-letters and one `pipeline_metrics` row.
+arrive) -> `foreachBatch`, where the driver takes the batch's lines as Arrow, parses them
+(`LineParser`: inline, or on a pool of worker processes for large batches) and commits them with
+delta-rs. Inside a batch the data flows one way: the raw log and markers first, then every later
+stage (latest state, transactions) from the same parsed batch, then dead letters and one
+`pipeline_metrics` row.
 
 Exactly once: the file source's checkpoint (kept in the lake) names each batch's files, so a restart
 replays an unfinished batch with the same id and the same files; every commit is guarded by an
@@ -215,18 +216,19 @@ def _dedup_first(table: pa.Table, column: str) -> tuple[pa.Table, int]:
     return table.take(first.take(pc.sort_indices(first))), table.num_rows - len(first)  # first row per id, in input order
 
 
-def _to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
-    """One batch as Arrow IPC: unlike pickling a slice, the stream carries only the slice's bytes."""
+def _to_ipc(data: pa.RecordBatch | pa.Table) -> pa.Buffer:
+    """Arrow IPC bytes: unlike pickling a slice, the stream carries only the slice's own bytes."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
     return sink.getvalue()
 
 
 def _parse_ipc(blob: pa.Buffer, keys: KeySpec) -> pa.Buffer:
     """A pool worker's task: (value, source_file) lines in, `PARSED` rows out, both as Arrow IPC."""
     lines = pa.ipc.open_stream(blob).read_all()
-    return _to_ipc(pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED).combine_chunks().to_batches()[0])
+    parsed = pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED)
+    return _to_ipc(parsed)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -290,7 +292,7 @@ class LineParser:
                 + ("; the pool is not used again in this run (set parse_workers: 1 to skip it)" if final else "")
             )
             return self._inline(lines)
-        return pa.Table.from_batches([pa.ipc.open_stream(b).read_next_batch() for b in blobs], schemas.PARSED)
+        return pa.concat_tables([pa.ipc.open_stream(b).read_all() for b in blobs]) if blobs else self._inline(lines)
 
     def _inline(self, lines: pa.Table) -> pa.Table:
         batches = lines.combine_chunks().to_batches(max_chunksize=self.chunk_rows) if lines.num_rows else []
