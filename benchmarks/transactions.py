@@ -95,24 +95,24 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
     files = files_in_stream_order(config.landing)
     per = config.max_files_per_trigger
     timings = {"aggregate": 0.0}
-    real_aggregate = T.aggregate
+    real_step = T.step  # what the stage calls each batch (aggregation on its held state)
 
-    def timed_aggregate(*args: Any, **kwargs: Any) -> T.Step:
+    def timed_step(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
-            return real_aggregate(*args, **kwargs)
+            return real_step(*args, **kwargs)
         finally:
             timings["aggregate"] += time.perf_counter() - t
 
-    T.aggregate = timed_aggregate  # type: ignore[assignment]
-    real_expiry = T._expiry
+    T.step = timed_step  # type: ignore[assignment]
+    real_due = T._due
     if global_clock:  # the rejected design: one event time for all streams, the max timestamp seen
 
-        def one_clock(rows: Any, expected: Any, progress: dict[str, int], *args: Any) -> Any:
+        def one_clock(plan: Any, progress: dict[str, int], *args: Any) -> Any:
             top = max(progress.values(), default=None)
-            return real_expiry(rows, expected, {s: top for s in progress} if top is not None else progress, *args)
+            return real_due(plan, {s: top for s in progress} if top is not None else progress, *args)
 
-        T._expiry = one_clock  # type: ignore[assignment]
+        T._due = one_clock  # type: ignore[assignment]
     seconds = parse_seconds = 0.0
     events = markers = 0
     peak_state = peak_open = 0
@@ -139,8 +139,8 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
             peak_open = max(peak_open, int(f.get("open", 0)))
             rows.append({"batch": batch_id, "in": tx_events + batch.markers.num_rows, "seconds": took, **f})
     finally:
-        T.aggregate = real_aggregate  # type: ignore[assignment]
-        T._expiry = real_expiry  # type: ignore[assignment]
+        T.step = real_step  # type: ignore[assignment]
+        T._due = real_due  # type: ignore[assignment]
     return {
         "batches": rows, "seconds": seconds, "aggregate_seconds": timings["aggregate"], "parse_seconds": parse_seconds,
         "events": events, "markers": markers, "peak_state": peak_state, "peak_open": peak_open,
