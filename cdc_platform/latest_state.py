@@ -939,10 +939,6 @@ def _key_filter(key: Sequence[str], *, null: bool) -> pc.Expression:
     return expr
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
 def _delta_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -1070,14 +1066,14 @@ def _truncate_base(path: Path, cut: Mapping[str, Any], key: Sequence[str], src_c
     updates |= {
         "_op": "'t'",
         "_deleted": "true",
-        "_position": _sql_string(cut["_position"]),
+        "_position": lake.delta_string(cut["_position"]),
         "_source_ts": _ts_literal(cut["_source_ts"]),
-        "_transaction_id": "NULL" if cut["_transaction_id"] is None else _sql_string(cut["_transaction_id"]),
+        "_transaction_id": "NULL" if cut["_transaction_id"] is None else lake.delta_string(cut["_transaction_id"]),
         "_ingested_at": _ts_literal(cut["_ingested_at"]),
-        "_event_id": _sql_string(cut["_event_id"]),
+        "_event_id": lake.delta_string(cut["_event_id"]),
     }
     keys_present = " AND ".join(f"{_delta_ident(k)} IS NOT NULL" for k in key)
-    predicate = f"{_delta_ident(LAYER)} = '{BASE}' AND {keys_present} AND _position < {_sql_string(cut['_position'])}"
+    predicate = f"{_delta_ident(LAYER)} = '{BASE}' AND {keys_present} AND _position < {lake.delta_string(cut['_position'])}"
     lake.with_retries(lambda: lake.open_table(path).update(updates=updates, predicate=predicate), what=f"truncate {path.name}")
 
 

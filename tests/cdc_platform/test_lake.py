@@ -70,7 +70,7 @@ def test_position_bounds_never_let_a_redelivered_id_through(tmp_path: Path) -> N
         [("a", "0010")],  # the min of the first file, alone: the bounds are one value
         [("d", long), ("c", "0020")],  # a truncated statistic
         [("e", None), ("h", "0040")],  # nulls: no bounds at all
-        [("f", "it's"), ("i", "0050")],  # a quote: no bounds rather than a broken literal
+        [("f", "it's"), ("i", "0050")],  # a quote, doubled in the bound's literal
     ]
     inserted = [lake.insert_new_once(path, positioned(*b), "id", "day", "q:t", 10 + i, range_column="position") for i, b in enumerate(redelivered)]
     assert inserted == [1, 0, 0, 1, 1]
