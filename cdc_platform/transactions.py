@@ -529,18 +529,14 @@ def step(
     # 1. Streams advance with what they carried in this batch, in or outside a transaction: a topic
     #    still delivering its snapshot (reads carry no transaction) is alive and behind, not silent,
     #    so transactions waiting on it wait for it instead of being judged by the fastest stream.
-    if plain.num_rows:
-        per_plain = plain.group_by("table_id", use_threads=False).aggregate([("ts", "max"), ("source", "min")])
+    arrivals = pa.concat_tables([
+        pa.table({"table_id": _arr(items.column("table_id")), "ts": _us(items.column("source_ts")), "source": _arr(items.column("source"))}),
+        plain.select(["table_id", "ts", "source"]).filter(pc.is_valid(plain.column("ts"))),
+    ])
+    if arrivals.num_rows:
+        per_table = arrivals.group_by("table_id", use_threads=False).aggregate([("ts", "max"), ("source", "min")])
         for table_id, ts, source in zip(
-            per_plain.column("table_id").to_pylist(), per_plain.column("ts_max").to_pylist(), per_plain.column("source_min").to_pylist()
-        ):
-            if ts is not None and table_id:
-                progress[table_id] = max(progress.get(table_id, ts), ts)
-                stream_source.setdefault(table_id, source or "")
-    if items.num_rows:
-        per_table = items.group_by("table_id", use_threads=False).aggregate([("source_ts", "max"), ("source", "min")])
-        for table_id, ts, source in zip(
-            per_table.column("table_id").to_pylist(), _us(per_table.column("source_ts_max")).to_pylist(), per_table.column("source_min").to_pylist()
+            per_table.column("table_id").to_pylist(), per_table.column("ts_max").to_pylist(), per_table.column("source_min").to_pylist()
         ):
             if ts is not None:
                 progress[table_id] = max(progress.get(table_id, ts), ts)
