@@ -224,11 +224,14 @@ def _to_ipc(data: pa.RecordBatch | pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
+def _parse_table(lines: pa.Table, keys: KeySpec) -> pa.Table:
+    """(value, source_file) lines -> `PARSED` rows, batch by batch as the table holds them."""
+    return pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED)
+
+
 def _parse_ipc(blob: pa.Buffer, keys: KeySpec) -> pa.Buffer:
-    """A pool worker's task: (value, source_file) lines in, `PARSED` rows out, both as Arrow IPC."""
-    lines = pa.ipc.open_stream(blob).read_all()
-    parsed = pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED)
-    return _to_ipc(parsed)
+    """A pool worker's task: `_parse_table`, with lines in and rows out as Arrow IPC."""
+    return _to_ipc(_parse_table(pa.ipc.open_stream(blob).read_all(), keys))
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -296,7 +299,7 @@ class LineParser:
 
     def _inline(self, lines: pa.Table) -> pa.Table:
         batches = lines.combine_chunks().to_batches(max_chunksize=self.chunk_rows) if lines.num_rows else []
-        return pa.Table.from_batches(list(parse_arrow_batches(iter(batches), self.keys)), schemas.PARSED)
+        return _parse_table(pa.Table.from_batches(batches, lines.schema), self.keys)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -221,13 +221,13 @@ def test_a_stream_killed_while_writing_its_first_offsets_restarts(make_config, l
     assert not list(offsets.glob(".*.tmp*"))
 
 
-def _corpus_and_peer_lines() -> pa.Table:
+def _corpus_and_peer_lines(peer_files: dict[str, Path]) -> pa.Table:
     """Every committed bad-input line and every peer-data line, as the stream hands them to the parser."""
-    corpus = sorted((Path(__file__).resolve().parents[1] / "data" / "bad_input").glob("*.jsonl"))
-    peer = sorted((Path(__file__).resolve().parents[3] / "shared" / "peer-data").rglob("*.txt"))
+    from tests.cdc_platform.test_bad_input import CORPUS
+
     values: list[bytes] = []
     files: list[str] = []
-    for path in corpus + peer:
+    for path in sorted(CORPUS.glob("*.jsonl")) + sorted(peer_files.values()):
         for raw in path.read_bytes().splitlines():
             values.append(raw)
             files.append(str(path))
@@ -236,11 +236,11 @@ def _corpus_and_peer_lines() -> pa.Table:
     return pa.table({"value": value, "source_file": pa.array(files, pa.string())})
 
 
-def test_worker_pool_parses_exactly_as_inline() -> None:
+def test_worker_pool_parses_exactly_as_inline(peer_files: dict[str, Path]) -> None:
     """The pool path (chunks as Arrow IPC, results in order) must equal parsing in the driver."""
     from cdc_platform.ingest import LineParser
 
-    lines = _corpus_and_peer_lines()
+    lines = _corpus_and_peer_lines(peer_files)
     assert lines.num_rows > 150, "corpus and peer data"
     keys = KeySpec({"payments.customers": ("id",), "payments.charges": ("id",), "shop.order_items": ("order_id", "line_no")})
     inline = LineParser(keys, workers=1).parse(lines)
@@ -254,14 +254,14 @@ def test_worker_pool_parses_exactly_as_inline() -> None:
     assert set(inline.column("kind").to_pylist()) == {"change", "marker", "dead_letter", "tombstone"}
 
 
-def test_a_dead_parser_worker_costs_speed_never_the_batch() -> None:
+def test_a_dead_parser_worker_costs_speed_never_the_batch(peer_files: dict[str, Path]) -> None:
     import multiprocessing
     import os
     import signal
 
     from cdc_platform.ingest import LineParser
 
-    lines = _corpus_and_peer_lines()
+    lines = _corpus_and_peer_lines(peer_files)
     warnings: list[str] = []
     parser = LineParser(KeySpec({}), workers=2, chunk_rows=50, inline_below=0, warn=warnings.append)
     expected = LineParser(KeySpec({}), workers=1).parse(lines)
