@@ -278,7 +278,7 @@ class LineParser:
         lines = lines.select(["value", "source_file"])
         if self.workers <= 1 or lines.num_rows < self.inline_below or self.pool_failures >= self.MAX_POOL_FAILURES:
             return self._inline(lines)
-        chunks = [_to_ipc(b) for b in lines.combine_chunks().to_batches(max_chunksize=self.chunk_rows)]
+        chunks = [_to_ipc(b) for b in lines.to_batches(max_chunksize=self.chunk_rows)]
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent, initargs=(os.getpid(),)
@@ -298,7 +298,7 @@ class LineParser:
         return pa.concat_tables([pa.ipc.open_stream(b).read_all() for b in blobs]) if blobs else self._inline(lines)
 
     def _inline(self, lines: pa.Table) -> pa.Table:
-        batches = lines.combine_chunks().to_batches(max_chunksize=self.chunk_rows) if lines.num_rows else []
+        batches = lines.to_batches(max_chunksize=self.chunk_rows)
         return _parse_table(pa.Table.from_batches(batches, lines.schema), self.keys)
 
     def close(self) -> None:
