@@ -16,10 +16,15 @@ Normalisation choices worth knowing:
   events and markers of one transaction. MySQL GTIDs (`<uuid>:<n>`) are left whole.
 * The event identity hashes the whole envelope except its `ts_ms`, because a connector restart
   re-emits the same change with a new `ts_ms`; everything else about it is unchanged.
+* Numbers keep every digit. A JSON number that a 64-bit float holds exactly (its shortest float text
+  has the same value) is read as a float; any other (a `DECIMAL(40,3)` written as a JSON number by
+  `decimal.format=NUMERIC`, say) is read as `decimal.Decimal` and written back as its own digits, so
+  the row images in the raw log, and every stage after it, see the value the source committed.
 """
 
 from __future__ import annotations
 
+import decimal
 import gc
 import hashlib
 import json
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import simplejson
 
 from cdc_platform.schemas import PARSED
 
@@ -113,31 +119,62 @@ _ORJSON_SORTED = 0 if _orjson is None else _orjson.OPT_SORT_KEYS
 #: run five times faster than the regex scans (which tries a match after every `:` and `,`), so the
 #: regex runs only on the rare line that has one; non-ASCII lines (where `\d` also matches other
 #: scripts' digits) go straight to the regex. The decision is the regex's either way.
-_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x2E for b in range(256))
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else (0x2E if b == 0x2E else 0x20) for b in range(256))
 _NINETEEN_DIGITS = b"0" * 19
+
+#: orjson reads every number with a fraction or exponent as a 64-bit float. A float holds any decimal of
+#: at most 15 significant digits exactly (as its shortest text), so only numbers with 16 or more digits,
+#: which have 8 or more on one side of the point, or an exponent beyond the float's normal range
+#: (`e-3xx`), may lose digits: such lines take the stdlib path, whose `_exact_float` keeps them whole.
+_EIGHT_DIGITS_POINT = b"00000000."
+_POINT_EIGHT_DIGITS = b".00000000"
+_LONG_FLOAT = re.compile(r"[0-9]{8}\.|\.[0-9]{8}|[0-9][eE]-[0-9]{3}")
+_SMALL_EXPONENT = re.compile(rb"[0-9][eE]-[0-9]{3}")
 
 
 def _orjson_may_misread(line: str) -> bool:
-    """True when `_ORJSON_UNSAFE_INPUT` matches `line` (see the comment above it)."""
-    if line.isascii() and _NINETEEN_DIGITS not in line.encode("ascii").translate(_DIGITS_AS_ZERO):
-        return False
-    return _ORJSON_UNSAFE_INPUT.search(line) is not None
+    """True when orjson could read a number of `line` differently from `_loads`'s stdlib path.
+
+    Either an integer beyond 64 bits (`_ORJSON_UNSAFE_INPUT`), or a number a float may not hold.
+    """
+    if line.isascii():
+        raw = line.encode("ascii")
+        shape = raw.translate(_DIGITS_AS_ZERO)
+        if _EIGHT_DIGITS_POINT in shape or _POINT_EIGHT_DIGITS in shape:
+            return True
+        if (b"e-" in raw or b"E-" in raw) and _SMALL_EXPONENT.search(raw):
+            return True
+        if _NINETEEN_DIGITS not in shape:
+            return False
+        return _ORJSON_UNSAFE_INPUT.search(line) is not None
+    return _LONG_FLOAT.search(line) is not None or _ORJSON_UNSAFE_INPUT.search(line) is not None
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard constant {name}")
 
 
-def _finite_float(text: str) -> float:
+def _exact_float(text: str) -> float | decimal.Decimal:
+    """A JSON number with a fraction or exponent: a float when one holds it exactly, else a Decimal.
+
+    "Exactly" means the float's shortest text (what every writer here prints for it) has the number's
+    value, so a float never changes a digit of what is written back. Up to 15 significant digits that
+    is always so (the `len` test skips the Decimal comparison for them).
+    """
     value = float(text)
     if value in (math.inf, -math.inf):
         raise _Dead("out_of_range", f"the number {text[:40]} does not fit a 64-bit float")
+    if len(text) > 16 or "e" in text or "E" in text:
+        exact = decimal.Decimal(text)
+        if exact != decimal.Decimal(repr(value)):
+            return exact
     return value
 
 
 #: The stdlib decoder, minus Python's extensions: NaN and Infinity are not JSON, and no other consumer
-#: of the same topic (Jackson, Spark) would read them; 1e400 would silently become Infinity.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+#: of the same topic (Jackson, Spark) would read them; 1e400 would silently become Infinity. Numbers
+#: a float cannot hold come back as `decimal.Decimal` (`_exact_float`).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_exact_float)
 
 
 def _loads(line: str) -> Any:
@@ -150,10 +187,21 @@ def _loads(line: str) -> Any:
     obj = _DECODER.decode(line)
     if _SURROGATE_ESCAPE_RE.search(line):  # rare: only then can a string hold what UTF-8 cannot
         try:
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+            _stdlib_dumps(obj, False).encode("utf-8")
         except UnicodeEncodeError as exc:
             raise _Dead("lone_surrogate", f"U+{ord(exc.object[exc.start]):04X}") from None
     return obj
+
+
+def loads_json(text: str) -> Any:
+    """JSON text as Python objects with every number exact (see `_exact_float`); for row images.
+
+    Raises `ValueError` on text that is not JSON; the raw log holds only text this module wrote.
+    """
+    try:
+        return _loads(text)
+    except _Dead as dead:
+        raise ValueError(reason_text(dead.code, dead.detail)) from None
 
 
 def _stdlib_dumps(obj: Any, sort_keys: bool) -> str:
@@ -161,6 +209,18 @@ def _stdlib_dumps(obj: Any, sort_keys: bool) -> str:
         return json.dumps(obj, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError:  # only a float that overflowed while parsing (1e400) gets here: NaN is refused earlier
         raise _Dead("out_of_range", "a number does not fit a 64-bit float (e.g. 1e400)") from None
+    except TypeError:  # a Decimal (`_exact_float`): simplejson writes its digits, everything else as the stdlib
+        return simplejson.dumps(obj, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False, allow_nan=False, use_decimal=True)
+
+
+def quote_value(value: Any, *, ensure_ascii: bool = True) -> str:
+    """A value quoted in a dead-letter reason: `json.dumps`' form, a Decimal as its digits, else `str`."""
+    return simplejson.dumps(value, use_decimal=True, default=str, ensure_ascii=ensure_ascii)
+
+
+def json_text(obj: Any) -> str:
+    """Compact JSON text in the raw log's form (`before`/`after`), Decimals written digit for digit."""
+    return _stdlib_dumps(obj, False)
 
 
 def _fast_dumps_utf8(obj: Any, option: int) -> bytes | None:
@@ -213,7 +273,7 @@ def _as_int(value: Any, field: str) -> int | None:
     elif isinstance(value, str) and _INT_TEXT_RE.fullmatch(value.strip()):
         number = int(value.strip())  # ASCII digits only: "²" or "١٢" pass str.isdigit(), and no JSON reader takes them
     else:
-        raise _Dead("invalid_field", f"`{field}` is {json.dumps(value)[:60]}, expected an integer")
+        raise _Dead("invalid_field", f"`{field}` is {quote_value(value)[:60]}, expected an integer")
     if not INT64_MIN <= number <= INT64_MAX:  # would fail the whole Arrow batch, not just this line
         raise _Dead("out_of_range", f"`{field}` is {str(number)[:40]}, outside the signed 64-bit range")
     return number
@@ -260,7 +320,7 @@ def _table_id(src: Mapping[str, Any]) -> str:
         raise _Dead("invalid_field", f"`source.table` is a {_json_type(table)}, expected a string")
     for part in (table, namespace):
         if part is not None and (not isinstance(part, str) or not SAFE_NAME_RE.match(part)):
-            raise _Dead("unsafe_table_name", json.dumps(part)[:80])
+            raise _Dead("unsafe_table_name", quote_value(part)[:80])
     table_id = f"{namespace}.{table}" if namespace else table
     if len(_TABLE_IDS) >= _MEMO_LIMIT:
         _TABLE_IDS.clear()
@@ -372,7 +432,7 @@ def _json_type(obj: Any) -> str:
         return "string"
     if isinstance(obj, bool):
         return "boolean"
-    if isinstance(obj, (int, float)):
+    if isinstance(obj, (int, float, decimal.Decimal)):
         return "number"
     return "null"
 
@@ -418,7 +478,7 @@ def _parse_change(
     if op is None:
         raise _Dead("missing_op", table_id=table_id)
     if not isinstance(op, str) or op not in KNOWN_OPS:
-        raise _Dead("unknown_op", json.dumps(op)[:40], table_id=table_id)
+        raise _Dead("unknown_op", quote_value(op)[:40], table_id=table_id)
     before, after = env.get("before"), env.get("after")
     if before is not None and not isinstance(before, dict):
         raise _Dead("invalid_field", f"`before` is a {_json_type(before)}, expected an object or null", table_id)
@@ -547,7 +607,7 @@ def _marker_row(
 def _parse_debezium_marker(env: dict[str, Any], line: str, source_file: str | None) -> dict[str, Any]:
     status = env.get("status")
     if status not in ("BEGIN", "END"):
-        raise _Dead("invalid_marker", f"status {json.dumps(status)[:40]} is not BEGIN or END")
+        raise _Dead("invalid_marker", f"status {quote_value(status)[:40]} is not BEGIN or END")
     count = _as_int(env.get("event_count"), "event_count")
     collections: list[tuple[str, int]] | None = None
     raw = env.get("data_collections")
@@ -568,7 +628,7 @@ def _parse_debezium_marker(env: dict[str, Any], line: str, source_file: str | No
 def _parse_stripe_marker(env: dict[str, Any], line: str, source_file: str | None) -> dict[str, Any]:
     marker = env.get("marker")
     if marker not in ("BEGIN", "COMMIT", "END"):
-        raise _Dead("invalid_marker", f"marker {json.dumps(marker)[:40]} is not BEGIN or COMMIT")
+        raise _Dead("invalid_marker", f"marker {quote_value(marker)[:40]} is not BEGIN or COMMIT")
     status = "BEGIN" if marker == "BEGIN" else "END"
     count = _as_int(env.get("total_events"), "total_events")
     raw = env.get("per_source_event_counts")

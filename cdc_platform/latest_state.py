@@ -43,7 +43,7 @@ import base64
 import datetime as dt
 import decimal
 import json
-import re
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,27 +54,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from cdc_platform import lake, schemas, views
+from cdc_platform import envelope, lake, schemas, views
 from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
 from cdc_platform.envelope import canonical_json  # the one definition of the `key` text
+from cdc_platform.envelope import json_text as _json_dump
+from cdc_platform.envelope import quote_value as _show
 from cdc_platform.errors import LakeError
 from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult, dead_letter_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-try:  # optional speed-up: on standard JSON orjson builds the same objects as the stdlib, except that it
-    # reads integers beyond 64 bits as floats; text that may hold one takes the stdlib path
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover
-    _fast_loads = None
-_BIG_INT = re.compile(r"[:,\[]\s*-?\d{19}")
-
-
-def _loads(text: str) -> Any:
-    if _fast_loads is not None and not _BIG_INT.search(text):
-        return _fast_loads(text)
-    return json.loads(text)
+#: Row images are read with every number exact (orjson where it reads them as the stdlib would, Decimal
+#: for a number no float holds), so a decimal column gets the digits the source committed.
+_loads = envelope.loads_json
 
 STAGE = "latest_state"
 TS = schemas.TS
@@ -119,22 +112,31 @@ _CONNECT_BASE: dict[str, pa.DataType] = {
     "string": pa.string(),
     "bytes": pa.binary(),
 }
-#: Connect/Debezium timestamp logical types and the factor from their unit to microseconds.
-_EPOCH_TIMESTAMPS: dict[str, float] = {
-    "org.apache.kafka.connect.data.Timestamp": 1000.0,
-    "io.debezium.time.Timestamp": 1000.0,
-    "io.debezium.time.MicroTimestamp": 1.0,
-    "io.debezium.time.NanoTimestamp": 0.001,
+#: Connect/Debezium timestamp logical types and their unit in nanoseconds (stored to the microsecond).
+_EPOCH_TIMESTAMPS: dict[str, int] = {
+    "org.apache.kafka.connect.data.Timestamp": 1_000_000,
+    "io.debezium.time.Timestamp": 1_000_000,
+    "io.debezium.time.MicroTimestamp": 1_000,
+    "io.debezium.time.NanoTimestamp": 1,
 }
 _DATES = frozenset({"org.apache.kafka.connect.data.Date", "io.debezium.time.Date"})
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+#: Spark and Delta decimals hold at most 38 digits; a wider Connect Decimal is kept as exact text.
+MAX_DECIMAL_DIGITS = 38
+#: Decimal arithmetic that never rounds: a result that would lose a digit raises instead.
+_EXACT = decimal.Context(prec=4000, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow])
 _ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 
 
 class BadValue(ValueError):
-    """A JSON value that does not fit the type its column declares."""
+    """A JSON value that does not fit the type its column declares; `code` is its dead-letter reason."""
+
+    def __init__(self, message: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class FieldType:
 
 def _strict_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise BadValue(f"{json.dumps(v)[:40]} is not an integer")
+        raise BadValue(f"{_show(v)[:40]} is not an integer")
     return v
 
 
@@ -157,37 +159,43 @@ def _bounded_int(bits: int) -> Callable[[Any], int]:
     def convert(v: Any) -> int:
         value = _strict_int(v)
         if not -bound <= value < bound:
-            raise BadValue(f"{value} does not fit a {bits}-bit integer")
+            raise BadValue(f"{value} does not fit a {bits}-bit integer", "out_of_range")
         return value
 
     return convert
 
 
+#: Kafka's JsonConverter (Jackson) writes a non-finite float or double as one of these strings.
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def _number(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise BadValue(f"{json.dumps(v)[:40]} is not a number")
+    if isinstance(v, str) and v in _NON_FINITE:
+        return _NON_FINITE[v]
+    if isinstance(v, bool) or not isinstance(v, (int, float, decimal.Decimal)):
+        raise BadValue(f"{_show(v)[:40]} is not a number")
     return float(v)
 
 
 def _boolean(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise BadValue(f"{json.dumps(v)[:40]} is not a boolean")
+        raise BadValue(f"{_show(v)[:40]} is not a boolean")
     return v
 
 
 def _string(v: Any) -> str:
     if not isinstance(v, str):
-        raise BadValue(f"{json.dumps(v)[:40]} is not a string")
+        raise BadValue(f"{_show(v)[:40]} is not a string")
     return v
 
 
 def _json_text(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    return v if isinstance(v, str) else _json_dump(v)
 
 
 def _base64_bytes(v: Any) -> bytes:
     if not isinstance(v, str):
-        raise BadValue(f"{json.dumps(v)[:40]} is not base64 text")
+        raise BadValue(f"{_show(v)[:40]} is not base64 text")
     try:
         return base64.b64decode(v, validate=True)
     except (ValueError, TypeError) as exc:
@@ -197,27 +205,28 @@ def _base64_bytes(v: Any) -> bytes:
 def connect_type(fld: Mapping[str, Any]) -> FieldType | None:
     """Arrow type for one field of a Debezium/Kafka Connect schema.
 
-    Mapped: int8/16/32/64, float32/64, boolean, string, bytes (base64 -> binary); logical types
-    Decimal (-> decimal(precision, scale), precision 38 when not given), Date / io.debezium.time.Date
-    (-> date), Timestamp / io.debezium.time.{Timestamp, MicroTimestamp, NanoTimestamp} and
-    ZonedTimestamp (-> timestamp in UTC; the zone-less ones are wall-clock values stored as if UTC).
-    Everything else keeps its base type: Time/MicroTime/NanoTime stay integers in their unit, Json,
-    Uuid, Enum, Xml stay strings; structs, arrays and maps (and VariableScaleDecimal) become JSON text.
-    None for a type Connect does not have: the value is then typed as if there were no schema.
+    Mapped: int8/16/32/64, float32/64 (with the converter's "NaN"/"Infinity" strings), boolean, string,
+    bytes (base64 -> binary); logical types Decimal (-> decimal(precision, scale) exactly, from base64
+    bytes or a JSON number; wider than 38 digits -> exact decimal text, since Spark and Delta stop at
+    38; precision 38 when not given), VariableScaleDecimal (-> exact decimal text: its scale varies per
+    value), Date / io.debezium.time.Date (-> date), Timestamp / io.debezium.time.{Timestamp,
+    MicroTimestamp, NanoTimestamp} and ZonedTimestamp (-> timestamp in UTC, to the microsecond; the
+    zone-less ones are wall-clock values stored as if UTC). Everything else keeps its base type:
+    Time/MicroTime/NanoTime stay integers in their unit, Json, Uuid, Enum, Xml stay strings; structs,
+    arrays and maps become JSON text. None for a type Connect does not have: the value is then typed
+    as if there were no schema.
     """
     base = str(fld.get("type") or "")
     name = fld.get("name")
     params = fld.get("parameters") or {}
     if name == _DECIMAL and base == "bytes":
-        scale = int(params.get("scale", 0))
-        precision = int(params.get("connect.decimal.precision", 38))
-        precision = max(1, min(38, max(precision, scale)))
-        return FieldType(pa.decimal128(precision, scale), _decimal_converter(precision, scale))
+        return _decimal_type(params)
+    if name == _VARIABLE_SCALE_DECIMAL and base == "struct":
+        return FieldType(pa.string(), _variable_scale_decimal)
     if name in _EPOCH_TIMESTAMPS and base == "int64":
-        factor = _EPOCH_TIMESTAMPS[name]
-        return FieldType(TS, lambda v: _EPOCH + dt.timedelta(microseconds=int(_strict_int(v) * factor)))
+        return FieldType(TS, _epoch_timestamp(_EPOCH_TIMESTAMPS[name]))
     if name in _DATES and base == "int32":
-        return FieldType(pa.date32(), lambda v: dt.date(1970, 1, 1) + dt.timedelta(days=_strict_int(v)))
+        return FieldType(pa.date32(), _epoch_date)
     if name == _ZONED_TIMESTAMP and base == "string":
         return FieldType(TS, _zoned_timestamp)
     if base in ("int8", "int16", "int32", "int64"):
@@ -235,22 +244,88 @@ def connect_type(fld: Mapping[str, Any]) -> FieldType | None:
     return None  # not a Connect type: infer from the value as if there were no schema
 
 
-def _decimal_converter(precision: int, scale: int) -> Callable[[Any], Any]:
-    quantum = decimal.Decimal(1).scaleb(-scale)
+def _epoch_timestamp(unit_ns: int) -> Callable[[Any], dt.datetime]:
+    """Integer arithmetic only: a float would move a nanosecond timestamp by up to 256 ns."""
 
-    def convert(v: Any) -> decimal.Decimal:
-        if isinstance(v, str):
-            unscaled = int.from_bytes(_base64_bytes(v), "big", signed=True)
-            value = decimal.Decimal(unscaled).scaleb(-scale)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            value = decimal.Decimal(str(v)).quantize(quantum)
-        else:
-            raise BadValue(f"{json.dumps(v)[:40]} is not a decimal")
-        if len(value.as_tuple().digits) > precision:
-            raise BadValue(f"{value} has more than {precision} digits")
-        return value
+    def convert(v: Any) -> dt.datetime:
+        micros = _strict_int(v) * unit_ns // 1000  # floor, as Spark truncates to the microsecond
+        try:
+            return _EPOCH + dt.timedelta(microseconds=micros)
+        except OverflowError:
+            raise BadValue(f"{v} is outside the years 1 to 9999", "out_of_range") from None
 
     return convert
+
+
+def _epoch_date(v: Any) -> dt.date:
+    try:
+        return dt.date(1970, 1, 1) + dt.timedelta(days=_strict_int(v))
+    except OverflowError:
+        raise BadValue(f"{v} days from 1970 is outside the years 1 to 9999", "out_of_range") from None
+
+
+def _unscaled(v: Any, scale: int) -> decimal.Decimal:
+    """Connect's Decimal bytes (big-endian two's complement of the unscaled value) at `scale`, exactly."""
+    unscaled = int.from_bytes(_base64_bytes(v), "big", signed=True)
+    return decimal.Decimal(unscaled).scaleb(-scale, _EXACT)
+
+
+def _decimal_type(params: Mapping[str, Any]) -> FieldType:
+    """A Connect Decimal column: decimal(p, s) up to 38 digits, exact text beyond.
+
+    A negative scale (Oracle `NUMBER(p, -s)`) is stored at scale 0 with the extra digits, since
+    Spark refuses negative scales; precision 38 when the schema gives none (Debezium always does).
+    """
+    try:
+        scale = int(params.get("scale", 0))
+        precision = int(params.get("connect.decimal.precision", MAX_DECIMAL_DIGITS))
+    except (TypeError, ValueError):
+        return FieldType(pa.string(), _bad_decimal_schema)
+    store_scale = max(scale, 0)
+    digits = max(precision - min(scale, 0), store_scale, 1)
+    if digits > MAX_DECIMAL_DIGITS:
+        return FieldType(pa.string(), _decimal_converter(digits, scale, store_scale, as_text=True))
+    return FieldType(pa.decimal128(digits, store_scale), _decimal_converter(digits, scale, store_scale, as_text=False))
+
+
+def _bad_decimal_schema(v: Any) -> Any:
+    raise BadValue("the column's Decimal schema has a scale or precision that is not an integer")
+
+
+def _decimal_converter(precision: int, scale: int, store_scale: int, *, as_text: bool) -> Callable[[Any], Any]:
+    quantum = decimal.Decimal(1).scaleb(-store_scale)
+    whole_digits = precision - store_scale
+
+    def convert(v: Any) -> decimal.Decimal | str:
+        if isinstance(v, str):
+            value = _unscaled(v, scale)  # the converter's default, decimal.format=BASE64
+        elif isinstance(v, (int, decimal.Decimal)) and not isinstance(v, bool):
+            value = decimal.Decimal(v)  # decimal.format=NUMERIC; the envelope kept every digit
+        elif isinstance(v, float):
+            value = decimal.Decimal(repr(v))  # the shortest text of a float is the number that was written
+        else:
+            raise BadValue(f"{_show(v)[:40]} is not a decimal")
+        if not value.is_finite():
+            raise BadValue(f"{value} is not a decimal number")
+        try:
+            value = value.quantize(quantum, context=_EXACT)
+        except decimal.DecimalException:
+            raise BadValue(f"{value} has more than {store_scale} digits after the point", "out_of_range") from None
+        if value and value.adjusted() >= whole_digits:
+            raise BadValue(f"{value} has more than {precision} digits", "out_of_range")
+        return format(value, "f") if as_text else value
+
+    return convert
+
+
+def _variable_scale_decimal(v: Any) -> str:
+    """Debezium's VariableScaleDecimal `{scale, value}`: the exact decimal as text (its scale varies per row)."""
+    if not isinstance(v, dict) or isinstance(v.get("scale"), bool) or not isinstance(v.get("scale"), int):
+        raise BadValue(f"{_show(v)[:60]} is not a VariableScaleDecimal {{scale, value}}")
+    try:
+        return format(_unscaled(v.get("value"), v["scale"]), "f")
+    except decimal.DecimalException:
+        raise BadValue(f"scale {v['scale']} is out of range", "out_of_range") from None
 
 
 def _zoned_timestamp(v: Any) -> dt.datetime:
@@ -265,15 +340,35 @@ _INFERRED: dict[type, FieldType] = {
     bool: FieldType(pa.bool_(), lambda v: v),
     int: FieldType(pa.int64(), lambda v: v),
     float: FieldType(pa.float64(), lambda v: v),
+    # A number with more digits than a float holds, without a schema to say it is a decimal: a JSON
+    # number is a double to every inferring reader (Spark's JSON source too). Exact decimals need the
+    # schema wrapper (schemas.enable=true), which says Decimal.
+    decimal.Decimal: FieldType(pa.float64(), float),
     str: FieldType(pa.string(), lambda v: v),
     dict: FieldType(pa.string(), _json_text),
     list: FieldType(pa.string(), _json_text),
 }
 
 
+def _whole_decimal(v: Any) -> decimal.Decimal:
+    if len(str(abs(v))) > MAX_DECIMAL_DIGITS:
+        raise BadValue(f"{str(v)[:40]}... has more than {MAX_DECIMAL_DIGITS} digits", "out_of_range")
+    return decimal.Decimal(v)
+
+
+#: Integers beyond 64 bits (an unsigned BIGINT past 2^63, say) are exact decimals: 20 digits hold
+#: every unsigned 64-bit value, 38 are the most Spark and Delta store.
+_UNSIGNED_64 = FieldType(pa.decimal128(20, 0), _whole_decimal)
+_WIDE_INTEGER = FieldType(pa.decimal128(MAX_DECIMAL_DIGITS, 0), _whole_decimal)
+
+
 def infer_type(value: Any) -> FieldType | None:
     """Type of a JSON value without a schema; None for null (a null says nothing about its column)."""
-    return None if value is None else _INFERRED[type(value)]
+    if value is None:
+        return None
+    if type(value) is int and not -(2**63) <= value < 2**63:
+        return _UNSIGNED_64 if len(str(abs(value))) <= 20 else _WIDE_INTEGER
+    return _INFERRED[type(value)]
 
 
 def _normalise(t: pa.DataType) -> pa.DataType:
@@ -443,12 +538,8 @@ def _column_types(
     if declared is None:
         kinds = set(map(type, vals))
         kinds.discard(type(None))
-        if int in kinds and any(type(v) is int and not -(2**63) <= v < 2**63 for v in vals):
-            for i, v in enumerate(vals):  # the parser rejects these lines; a stage must not trust that
-                if type(v) is int and not -(2**63) <= v < 2**63:
-                    dead.setdefault(events_of[i], ("out_of_range", f"column `{col}` of {table.source}: {v} does not fit a 64-bit integer"))
-                    vals[i] = None
-        if kinds <= _PLAIN:
+        wide = int in kinds and any(type(v) is int and not -(2**63) <= v < 2**63 for v in vals)
+        if kinds <= _PLAIN and not wide:  # else typed value by value below (wide integers are decimals)
             if len(kinds) == 1:
                 (kind,) = kinds
                 return {}, {_INFERRED[kind].dtype: [i for i, v in enumerate(vals) if v is not None]}, vals
@@ -472,7 +563,8 @@ def _column_types(
             try:
                 out[i] = ftype.convert(v)
             except BadValue as exc:
-                dead.setdefault(events_of[i], ("invalid_value", f"column `{col}` of {table.source}: {exc}, but the event declares {type_name(ftype.dtype)}"))
+                declares = "declares" if groups is hard else "is inferred as"
+                dead.setdefault(events_of[i], (exc.code, f"column `{col}` of {table.source}: {exc}, but the column {declares} {type_name(ftype.dtype)}"))
                 continue
         groups.setdefault(ftype.dtype, []).append(i)  # a declared type counts even for a null
     return hard, soft, out
@@ -664,7 +756,7 @@ def _declared(text: str | None, cache: dict[str, dict[str, FieldType]]) -> dict[
 
 
 def _sample(value: Any) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    text = _show(value, ensure_ascii=False)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

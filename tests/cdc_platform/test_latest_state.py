@@ -336,3 +336,61 @@ def test_rebuild_needs_a_configured_table(make_config, tmp_path, capsys) -> None
     make_config({ORDERS: {"key": ["id"]}})
     assert main(["rebuild", "--config", str(tmp_path / "cdc.yaml"), "--table", "nope"]) == 2
     assert "no configured table is named 'nope'" in capsys.readouterr().err
+
+
+# --- exact decimals (issue 13) ------------------------------------------------------------------------
+
+def _decimal_field(name: str, precision: int, scale: int) -> dict[str, Any]:
+    return {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+            "parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)}, "field": name}
+
+
+def _base64_unscaled(value: str, scale: int) -> str:
+    import base64
+    import decimal
+
+    unscaled = int(decimal.Decimal(value).scaleb(scale, decimal.Context(prec=100)))
+    return base64.b64encode(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)).decode()
+
+
+#: MySQL's full-type fixtures: DECIMAL(40,3), DECIMAL(38,10) and DECIMAL(20,3) values that once
+#: failed the whole lake (beyond 28 digits) or lost digits through a binary float.
+WIDE = "123456789876543212345678987654321.110"
+NARROW_38 = "1234567890123456789012345678.1234567891"
+NARROW = "12345678901234567.891"
+
+
+@pytest.mark.parametrize("form", ["numeric", "base64"])
+def test_decimals_land_exactly_as_json_numbers_and_as_base64(form: str, make_config, query) -> None:
+    import decimal
+
+    cfg = make_config({ORDERS: {"key": ["id"]}})
+    fields = [{"type": "int64", "optional": False, "field": "id"}, _decimal_field("wide", 40, 3),
+              _decimal_field("narrow38", 38, 10), _decimal_field("narrow", 20, 3)]
+    values = {"wide": (WIDE, 3), "narrow38": (NARROW_38, 10), "narrow": (NARROW, 3)}
+    line = ev("c", pos=10, after={"id": 1, **{k: f"@{k}@" for k in values}}, schema={"fields": fields})
+    for k, (text, scale) in values.items():  # JSON numbers keep their digits only as raw text
+        line = line.replace(f'"@{k}@"', text if form == "numeric" else json.dumps(_base64_unscaled(text, scale)))
+    report = Feed(cfg)([line])
+    assert report.dead_letters == 0
+    (row,) = state(query, cfg)
+    assert row["wide"] == WIDE  # 40 digits: Spark and Delta stop at 38, so exact text
+    assert row["narrow38"] == decimal.Decimal(NARROW_38) and row["narrow"] == decimal.Decimal(NARROW)
+    types = {r["col_name"]: r["data_type"] for r in query(cfg, "DESCRIBE orders__full_view")}
+    assert types["wide"] == "string" and types["narrow38"] == "decimal(38,10)" and types["narrow"] == "decimal(20,3)"
+    raw = query(cfg, "SELECT after FROM raw_change_events")
+    if form == "numeric":
+        assert WIDE in raw[0]["after"] and NARROW in raw[0]["after"]  # the raw log keeps every digit too
+
+
+def test_a_decimal_with_more_fractional_digits_than_its_scale_is_a_dead_letter_not_a_rounding(make_config, query) -> None:
+    cfg = make_config({ORDERS: {"key": ["id"]}})
+    fields = [{"type": "int64", "optional": False, "field": "id"}, _decimal_field("amount", 10, 2)]
+    lines = [ev("c", pos=10, after={"id": 1, "amount": "@"}, schema={"fields": fields}).replace('"@"', "1.005"),
+             ev("c", pos=11, after={"id": 2, "amount": "@"}, schema={"fields": fields}).replace('"@"', "12345678901.5"),
+             ev("c", pos=12, after={"id": 3, "amount": "@"}, schema={"fields": fields}).replace('"@"', "2.50")]
+    Feed(cfg)(lines)
+    dead = query(cfg, "SELECT reason_code, reason FROM dead_letter ORDER BY reason")
+    assert [r["reason_code"] for r in dead] == ["out_of_range", "out_of_range"]
+    assert "more than 2 digits after the point" in dead[0]["reason"] and "more than 10 digits" in dead[1]["reason"]
+    assert [(r["id"], str(r["amount"])) for r in state(query, cfg)] == [(3, "2.50")]

@@ -143,8 +143,12 @@ def test_column_names_are_case_insensitive_like_spark_and_delta() -> None:
     assert [c for c, _ in t.dead.values()] == ["reserved_column"]
 
 
-def test_integers_beyond_their_width_are_dead_letters_not_crashes() -> None:
-    t = typed([{"id": 1, "n": 2**70}, {"id": 2, "n": 5}])
+def test_integers_beyond_64_bits_are_exact_decimals_and_beyond_38_digits_dead_letters() -> None:
+    t = typed([{"id": 1, "n": 2**64 - 1}, {"id": 2, "n": 5}])  # an unsigned BIGINT at its top
+    assert t.columns["n"] == pa.decimal128(20, 0) and t.values["n"] == [decimal.Decimal(2**64 - 1), decimal.Decimal(5)] and not t.dead
+    t = typed([{"id": 1, "n": 2**70}])
+    assert t.columns["n"] == pa.decimal128(38, 0) and t.values["n"] == [decimal.Decimal(2**70)]
+    t = typed([{"id": 1, "n": 10**40}, {"id": 2, "n": 5}])
     assert [c for c, _ in t.dead.values()] == ["out_of_range"] and list(t.dead) == [0]
     t = typed([{"id": 2**31}], declared=[INT32])
-    assert [c for c, _ in t.dead.values()] == ["invalid_value"]
+    assert [c for c, _ in t.dead.values()] == ["out_of_range"]
