@@ -4,7 +4,7 @@ For tables of 100k, 1M and 10M rows (written directly with delta-rs as a compact
 compaction leaves them) and two key patterns, uniformly random keys and keys skewed to recent rows
 (90% among the newest 1% of keys, the rest anywhere; 80% updates, 10% inserts, 10% deletes):
 
-* apply: `LatestStateStage.apply` on a 10k-change micro-batch, exactly what the stream runs per batch
+* apply: `LatestStateStage` prepare + commit on a 10k-change micro-batch, exactly what the stream runs per batch
   (JSON row images typed, folded per key, appended to the delta layer with its exactly-once guard);
   median of `--batches` batches after one warm-up batch;
 * full view: Spark SQL over `<name>__full_view` with those batches pending (the view folds base and
@@ -44,7 +44,7 @@ from deltalake import write_deltalake  # noqa: E402
 
 from cdc_platform import lake, schemas  # noqa: E402
 from cdc_platform.config import PlatformConfig, parse_config  # noqa: E402
-from cdc_platform.ingest import BatchContext, ParsedBatch  # noqa: E402
+from cdc_platform.stage import BatchContext, ParsedBatch, apply_stage  # noqa: E402
 from cdc_platform.latest_state import (  # noqa: E402
     BASE,
     DELTA,
@@ -195,7 +195,7 @@ class Bench:
         batch = change_batch(self.batch_id, ids, ops, self.next_pos, self.rng)
         self.next_pos += BATCH
         t = time.perf_counter()
-        self.stage.apply(batch, BatchContext(self.cfg, "bench", self.batch_id))
+        apply_stage(self.stage, batch, BatchContext(self.cfg, "bench", self.batch_id))
         self.batch_id += 1
         return time.perf_counter() - t
 
@@ -306,7 +306,7 @@ def main() -> None:
     thresholds = [threshold_compaction(b) for b in benches]
 
     say("")
-    say(f"Applying one {BATCH:,}-change batch (LatestStateStage.apply: median of {args.batches}) and querying the full view with those batches pending")
+    say(f"Applying one {BATCH:,}-change batch (LatestStateStage prepare + commit: median of {args.batches}) and querying the full view with those batches pending")
     header = f"{'rows':>11} {'keys':<8} {'apply s':>8} {'pending':>8} {'count s':>8} {'agg s':>7} {'lookup s':>9} {'compact s':>10} {'CoW 10k s':>10}"
     say(header)
     say("-" * len(header))

@@ -9,7 +9,7 @@ tables, duplicates, a late delivery, truncated lines), kept under benchmarks/out
 
 Stage mode feeds the stage exactly what the stream would: landing files in modification-time order,
 `max_files_per_trigger` files per micro-batch, parsed by the platform's parser and split by ingest's
-`split_parsed`; only `TransactionStage.apply` is timed, with its real Delta commits (outputs and the
+`split_parsed`; only `TransactionStage` prepare + commit is timed, with its real Delta commits (outputs and the
 state table). Events/s counts transactional change events plus markers entering the stage.
 
 Pipeline mode runs `IngestJob.run_available_now` with only this stage after the raw log, and reads the
@@ -43,7 +43,8 @@ from cdc_platform import lake  # noqa: E402
 from cdc_platform import transactions as T  # noqa: E402
 from cdc_platform.config import PlatformConfig, load_config  # noqa: E402
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch  # noqa: E402
-from cdc_platform.ingest import BatchContext, IngestJob, split_parsed  # noqa: E402
+from cdc_platform.ingest import IngestJob, split_parsed  # noqa: E402
+from cdc_platform.stage import BatchContext, apply_stage  # noqa: E402
 
 OUT = REPO / "benchmarks" / "out"
 
@@ -129,7 +130,7 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
             parse_seconds += time.perf_counter() - t
             tx_events = batch.events.num_rows - batch.events.column("transaction_id").null_count
             t = time.perf_counter()
-            result = stage.apply(batch, BatchContext(config, "bench", batch_id))
+            result = apply_stage(stage, batch, BatchContext(config, "bench", batch_id))
             took = time.perf_counter() - t
             seconds += took
             events += tx_events

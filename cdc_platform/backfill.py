@@ -40,7 +40,8 @@ from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope import KeySpec, canonical_json, parse_line, rows_to_batch
 from cdc_platform.errors import ConfigError, LakeError
-from cdc_platform.ingest import DEAD_LETTER, RAW, BatchContext, dead_letter_rows, split_parsed
+from cdc_platform.ingest import split_parsed
+from cdc_platform.stage import DEAD_LETTER, RAW, BatchContext, dead_letter_rows
 
 STAGE = "backfill"
 AS_OF_FILE = "as_of.json"

@@ -27,7 +27,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,65 +36,25 @@ from cdc_platform import lake, schemas
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
 from cdc_platform.errors import CdcError, ConfigError
+from cdc_platform.stage import (  # noqa: F401 - re-exported: the job's batch types live with the stage protocol
+    DEAD_LETTER,
+    MARKERS,
+    METRICS,
+    RAW,
+    BatchContext,
+    ParsedBatch,
+    Stage,
+    StageFailure,
+    StageResult,
+    dead_letter_rows,
+    run_stage,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-RAW = "raw_change_events"
-MARKERS = "transaction_markers"
-DEAD_LETTER = "dead_letter"
-METRICS = "pipeline_metrics"
 IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle` whether time is up
-
-
-@dataclass(frozen=True)
-class ParsedBatch:
-    """One micro-batch after parsing, split by destination and deduplicated within the batch."""
-
-    batch_id: int
-    events: pa.Table  # RAW_CHANGE_EVENTS
-    markers: pa.Table  # TRANSACTION_MARKERS
-    dead_letters: pa.Table  # DEAD_LETTER
-    tombstones: int
-    rows_read: int
-    in_batch_duplicates: int
-    ingested_at: dt.datetime
-
-
-@dataclass(frozen=True)
-class BatchContext:
-    config: PlatformConfig
-    query_id: str
-    batch_id: int
-
-    def app_id(self, table: str) -> str:
-        return lake.app_id(self.query_id, table)
-
-
-@dataclass
-class StageResult:
-    """What a stage reports back: rows it landed per table, figures for metrics, and its dead letters."""
-
-    rows_landed: dict[str, int] = field(default_factory=dict)
-    figures: dict[str, float] = field(default_factory=dict)
-    dead_letters: pa.Table | None = None
-
-
-class Stage(Protocol):
-    """A pipeline stage fed from each parsed batch after the raw log has committed.
-
-    A stage may also define `on_idle(ctx, idle_seconds) -> StageResult | None`: `run_continuously`
-    calls it while no data arrives (Spark runs no batch then), so time-based work such as transaction
-    timeouts still happens on a quiet stream. `ctx.batch_id` is the last batch id, which the stage
-    must not use as a commit version. Never called by `run_available_now`.
-    """
-
-    name: str
-
-    def setup(self, config: PlatformConfig) -> None: ...
-
-    def apply(self, batch: ParsedBatch, ctx: BatchContext) -> StageResult: ...
 
 
 @dataclass
@@ -138,21 +98,6 @@ def default_stages(config: PlatformConfig) -> list[Stage]:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def dead_letter_rows(
-    rows: Sequence[dict[str, Any]], *, stage: str, batch_id: int | None, at: dt.datetime | None = None
-) -> pa.Table:
-    """Build `dead_letter` rows from dicts with reason_code, reason and optional table_id/event_id/line/source_file."""
-    at = at or _now()
-    cols: dict[str, list[Any]] = {f.name: [] for f in schemas.DEAD_LETTER}
-    for r in rows:
-        for f in schemas.DEAD_LETTER:
-            cols[f.name].append(r.get(f.name))
-        cols["stage"][-1] = stage
-        cols["batch_id"][-1] = batch_id
-        cols["dead_lettered_at"][-1] = at
-    return pa.table(cols, schema=schemas.DEAD_LETTER)
 
 
 def split_parsed(parsed: pa.Table, batch_id: int, ingested_at: dt.datetime | None = None) -> ParsedBatch:
@@ -377,9 +322,17 @@ class IngestJob:
             duplicates += batch.events.num_rows - landed[RAW] + batch.markers.num_rows - landed[MARKERS]
 
         dead_tables = [batch.dead_letters]
+        isolated = 0
+
+        def write_isolated(rows: pa.Table, stage_name: str) -> None:
+            nonlocal isolated
+            isolated += rows.num_rows
+            if lake.append_once(self.path(DEAD_LETTER), rows, ctx.app_id(f"{DEAD_LETTER}.{stage_name}"), batch_id):
+                landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + rows.num_rows
+
         for stage in self.stages:
             t = time.perf_counter()
-            result = stage.apply(batch, ctx)
+            result = run_stage(stage, batch, ctx, write_isolated)
             seconds[stage.name] = time.perf_counter() - t
             for k, v in result.rows_landed.items():
                 landed[k] = landed.get(k, 0) + v
@@ -390,7 +343,7 @@ class IngestJob:
         t = time.perf_counter()
         dead = pa.concat_tables(dead_tables) if len(dead_tables) > 1 else dead_tables[0]
         if lake.append_once(self.path(DEAD_LETTER), dead, ctx.app_id(DEAD_LETTER), batch_id):
-            landed[DEAD_LETTER] = dead.num_rows
+            landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead.num_rows
         seconds["dead_letter"] = time.perf_counter() - t
 
         report = BatchReport(
@@ -399,7 +352,7 @@ class IngestJob:
             change_events=batch.events.num_rows,
             markers=batch.markers.num_rows,
             tombstones=batch.tombstones,
-            dead_letters=dead.num_rows,
+            dead_letters=dead.num_rows + isolated,
             duplicates_skipped=duplicates,
             rows_landed=landed,
             stage_seconds=seconds,

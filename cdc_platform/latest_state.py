@@ -60,7 +60,7 @@ from cdc_platform.envelope import canonical_json  # the one definition of the `k
 from cdc_platform.envelope import json_text as _json_dump
 from cdc_platform.envelope import quote_value as _show
 from cdc_platform.errors import LakeError
-from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult, dead_letter_rows
+from cdc_platform.stage import RAW, BatchContext, ParsedBatch, StageResult, dead_letter_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -907,30 +907,36 @@ class LatestStateStage:
         for table in config.tables:
             ensure_tables(config.lake, table)
 
-    def apply(self, batch: ParsedBatch, ctx: BatchContext) -> StageResult:
-        result = StageResult()
+    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> list[TablePlan]:
         events = batch.events
         if events.num_rows == 0 or not ctx.config.tables:
-            return result
+            return []
         table_ids = events.column("table_id")
-        dead: list[dict[str, Any]] = []
-        totals: dict[str, float] = {}
+        plans = []
         for table in ctx.config.tables:
             mine = events.filter(pc.equal(table_ids, table.source))
-            if mine.num_rows == 0:
-                continue
-            done = apply_table(ctx.config.lake, table, Events(mine), ctx=ctx, stage=self)
+            if mine.num_rows:
+                plans.append(prepare_table(ctx.config.lake, table, Events(mine)))
+        return plans
+
+    def commit(self, plans: list[TablePlan], ctx: BatchContext) -> StageResult:
+        result = StageResult()
+        dead: list[dict[str, Any]] = []
+        totals: dict[str, float] = {}
+        for plan in plans:
+            done = commit_table(plan, ctx=ctx, stage=self)
             if done.rows:
-                result.rows_landed[table.name] = done.rows
+                result.rows_landed[plan.table.name] = done.rows
             if done.history_rows:
-                result.rows_landed[table.history_name] = done.history_rows
+                result.rows_landed[plan.table.history_name] = done.history_rows
             dead.extend(done.dead)
             for k in ("rows", "tombstones", "truncates", "added_columns", "widened_columns", "compacted", "compact_seconds"):
                 totals[k] = totals.get(k, 0.0) + float(getattr(done, k))
-        totals["dead_letters"] = float(len(dead))
-        result.figures = totals
+        if plans:
+            totals["dead_letters"] = float(len(dead))
+            result.figures = totals
         if dead:
-            result.dead_letters = dead_letter_rows(dead, stage=STAGE, batch_id=batch.batch_id)
+            result.dead_letters = dead_letter_rows(dead, stage=STAGE, batch_id=ctx.batch_id)
         return result
 
     def should_compact(self, layers: Mapping[str, int]) -> bool:
@@ -948,13 +954,31 @@ def _dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict
     ]
 
 
-def apply_table(lake_dir: Path, table: TableConfig, events: Events, *, ctx: BatchContext, stage: LatestStateStage) -> TableApply:
-    """Land one batch's events of one table: type, fold, evolve the schema, append; maybe compact."""
+@dataclass
+class TablePlan:
+    """One batch's changes to one table, typed and built, not yet written (see `stage.Stage.prepare`).
+
+    Rows carry `_seq` 0 until `commit_table` knows the Delta version they land in.
+    """
+
+    lake_dir: Path
+    table: TableConfig
+    out: TableApply
+    state: pa.Table | None = None  # rows for `<name>`, conformed to `state_target`
+    state_target: pa.Schema | None = None
+    state_rewrite: bool = False
+    history: pa.Table | None = None
+    history_target: pa.Schema | None = None
+    history_rewrite: bool = False
+    typed: TypedRows | None = None
+
+
+def prepare_table(lake_dir: Path, table: TableConfig, events: Events) -> TablePlan:
+    """Type, fold and build one batch's rows for one table; reads the stored schemas, writes nothing."""
     out = TableApply()
+    plan = TablePlan(lake_dir, table, out)
     path = lake.table_path(lake_dir, table.name)
-    if not (path / "_delta_log").is_dir() or (table.history and not (lake.table_path(lake_dir, table.history_name) / "_delta_log").is_dir()):
-        ensure_tables(lake_dir, table)  # normally done by `setup`; a stage used on its own creates them here
-    current = table_schema(path)
+    current = table_schema(path) if (path / "_delta_log").is_dir() else state_schema({})
     rows, bad = change_rows(events, table.key)
     typed = type_rows(rows, events, source_columns(current), table)
     for e, code, reason in bad:
@@ -962,21 +986,43 @@ def apply_table(lake_dir: Path, table: TableConfig, events: Events, *, ctx: Batc
     out.dead = _dead_rows(events, typed.dead)
     live = [i for i, r in enumerate(rows) if r.event not in typed.dead]
     if not live:
-        return out
+        return plan
     winners = last_per_key([rows[i] for i in live], events)
     chosen = [live[i] for i in winners] + [i for i in live if rows[i].key is None]
     out.tombstones = sum(1 for i in chosen if rows[i].deleted and rows[i].key is not None)
     out.truncates = sum(1 for i in chosen if rows[i].key is None)
+    out.added_columns, out.widened_columns = len(typed.added), len(typed.widened)
+    plan.typed = typed
+    plan.state_target, plan.state_rewrite = _evolved(current, typed.columns, META_FIELDS)
+    plan.state = conform(build_rows(typed, events, sorted(chosen), table.key, seq=0), plan.state_target)
+    if table.history:
+        hpath = lake.table_path(lake_dir, table.history_name)
+        hcurrent = table_schema(hpath) if (hpath / "_delta_log").is_dir() else history_schema({})
+        plan.history_target, plan.history_rewrite = _evolved(hcurrent, typed.columns, HISTORY_META)
+        plan.history = conform(build_rows(typed, events, live, table.key, seq=0, history=True), plan.history_target)
+    return plan
 
+
+def _with_seq(data: pa.Table, seq: int) -> pa.Table:
+    return data.set_column(data.schema.get_field_index("_seq"), "_seq", pa.array([seq] * data.num_rows, pa.int64()))
+
+
+def commit_table(plan: TablePlan, *, ctx: BatchContext, stage: LatestStateStage) -> TableApply:
+    """Write a prepared table plan, exactly once per (query id, batch id); maybe compact."""
+    table, out = plan.table, plan.out
+    lake_dir = plan.lake_dir
+    path = lake.table_path(lake_dir, table.name)
+    if not (path / "_delta_log").is_dir() or (table.history and not (lake.table_path(lake_dir, table.history_name) / "_delta_log").is_dir()):
+        ensure_tables(lake_dir, table)  # normally done by `setup`; a stage used on its own creates them here
+    if plan.state is None:
+        return out
     state = lake.open_table(path)
     app = ctx.app_id(table.name)
     if not lake.already_committed(state, app, ctx.batch_id):
-        target, rewrite = _evolved(current, typed.columns, META_FIELDS)
-        if rewrite:
-            widen(path, target, [LAYER])
+        if plan.state_rewrite:
+            widen(path, plan.state_target, [LAYER])
             state = lake.open_table(path)
-        out.added_columns, out.widened_columns = len(typed.added), len(typed.widened)
-        data = conform(build_rows(typed, events, sorted(chosen), table.key, seq=state.version() + 1), target)
+        data = _with_seq(plan.state, state.version() + 1)
         lake.with_retries(
             lambda: write_deltalake(
                 lake.open_table(path), data, mode="append", schema_mode="merge", partition_by=[LAYER],
@@ -990,26 +1036,32 @@ def apply_table(lake_dir: Path, table: TableConfig, events: Events, *, ctx: Batc
             t0 = time.perf_counter()
             out.compacted = compact(path, table).folded
             out.compact_seconds = time.perf_counter() - t0
+    else:
+        out.added_columns = out.widened_columns = 0
 
-    if table.history:
+    if plan.history is not None:
         hpath = lake.table_path(lake_dir, table.history_name)
         history = lake.open_table(hpath)
         happ = ctx.app_id(table.history_name)
         if not lake.already_committed(history, happ, ctx.batch_id):
-            target, rewrite = _evolved(table_schema(hpath), typed.columns, HISTORY_META)
-            if rewrite:
-                widen(hpath, target, None)
+            if plan.history_rewrite:
+                widen(hpath, plan.history_target, None)
                 history = lake.open_table(hpath)
-            data = conform(build_rows(typed, events, live, table.key, seq=history.version() + 1, history=True), target)
+            hdata = _with_seq(plan.history, history.version() + 1)
             lake.with_retries(
                 lambda: write_deltalake(
-                    lake.open_table(hpath), data, mode="append", schema_mode="merge",
+                    lake.open_table(hpath), hdata, mode="append", schema_mode="merge",
                     commit_properties=lake.commit_props(happ, ctx.batch_id, stage=STAGE),
                 ),
                 what=f"append to {table.history_name}",
             )
-            out.history_rows = data.num_rows
+            out.history_rows = hdata.num_rows
     return out
+
+
+def apply_table(lake_dir: Path, table: TableConfig, events: Events, *, ctx: BatchContext, stage: LatestStateStage) -> TableApply:
+    """Prepare and commit one table's events at once (backfills, which isolate nothing)."""
+    return commit_table(prepare_table(lake_dir, table, events), ctx=ctx, stage=stage)
 
 
 # --- Compaction, purge, rebuild ----------------------------------------------------------------------

@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 
 from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
-from cdc_platform.ingest import RAW, BatchContext, ParsedBatch, StageResult
+from cdc_platform.stage import RAW, BatchContext, ParsedBatch, StageResult
 from cdc_platform.schemas import TS
 
 if TYPE_CHECKING:
@@ -1270,19 +1270,30 @@ class TransactionStage:
         orphans = pc.unique(_arr(done.column("transaction_id")).filter(pc.is_in(_arr(done.column("transaction_id")), value_set=_arr(open_ids))))
         return mark_expired(state, orphans.to_pylist()) if len(orphans) else state
 
-    def apply(self, batch: ParsedBatch, ctx: BatchContext) -> StageResult:
+    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> tuple[Step, Held] | None:
+        """One aggregation step against the committed state; None when there is nothing to commit.
+
+        `step` builds new tables and leaves the held state as it was, so the job may call this again
+        on parts of the batch. A batch whose state is already committed is a replay: nothing to do.
+        """
         config = ctx.config
         with self._lock:
-            state_path = self._path(config, OPEN_TRANSACTIONS)
-            table = lake.open_table(state_path)
+            table = lake.open_table(self._path(config, OPEN_TRANSACTIONS))
             if lake.already_committed(table, ctx.app_id(OPEN_TRANSACTIONS), ctx.batch_id):
-                return StageResult(figures={"replayed_batches": 1.0})  # state is committed last: all done
+                return None  # state is committed last: all done
             if batch.events.num_rows == 0 and batch.markers.num_rows == 0:
-                return StageResult()
+                return None
             held = self._load(config, table)
-            result, after = step(held, batch.events, batch.markers, Settings.from_config(config), batch_id=ctx.batch_id, now=batch.ingested_at)
-            landed = self._commit(config, result, after, ctx)
-            return StageResult(rows_landed=landed, figures=result.figures)
+            return step(held, batch.events, batch.markers, Settings.from_config(config), batch_id=ctx.batch_id, now=batch.ingested_at)
+
+    def commit(self, prepared: tuple[Step, Held] | None, ctx: BatchContext) -> StageResult:
+        if prepared is None:
+            replayed = lake.already_committed(lake.open_table(self._path(ctx.config, OPEN_TRANSACTIONS)), ctx.app_id(OPEN_TRANSACTIONS), ctx.batch_id)
+            return StageResult(figures={"replayed_batches": 1.0} if replayed else {})
+        result, after = prepared
+        with self._lock:
+            landed = self._commit(ctx.config, result, after, ctx)
+        return StageResult(rows_landed=landed, figures=result.figures)
 
     def _commit(self, config: PlatformConfig, result: Step, after: Held, ctx: BatchContext | None) -> dict[str, int]:
         """Outputs first, state last, so a crash in between replays against the old state."""

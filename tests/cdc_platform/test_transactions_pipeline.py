@@ -18,6 +18,7 @@ from cdc_platform.cli import main as cdc
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import parse_line, rows_to_batch
 from cdc_platform.ingest import BatchContext, IngestJob
+from cdc_platform.stage import StageFailure
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
 
 TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"], "mask": ["pos"]}}
@@ -113,7 +114,7 @@ def test_a_crash_between_outputs_and_state_neither_loses_nor_repeats(make_config
     first = parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
 
     real = crash_before_the_state_commit(monkeypatch)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(StageFailure, match="killed before the state commit"):
         job.process_parsed(first, 0, "query-a")
     assert [r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)] == ["g:1"]
     monkeypatch.setattr(lake, "overwrite_once", real)
