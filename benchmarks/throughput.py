@@ -196,7 +196,7 @@ def main() -> int:
         parse_only(w, args.parse_lines)
         return 0
 
-    from cdc_platform import ingest
+    from cdc_platform.stage import RAW
     from cdc_platform.config import load_config, with_overrides
     from cdc_platform.ingest import IngestJob
     from cdc_platform.session import get_spark
@@ -282,10 +282,10 @@ def main() -> int:
         + f", other {in_batches - sum(by_stage.values()):.1f} s"
     )
     ok_lines = report.total("rows_read") == w.lines
-    ok_events = landed.get(ingest.RAW, 0) == w.change_events
+    ok_events = landed.get(RAW, 0) == w.change_events
     say(
         f"    accounting: lines read {report.total('rows_read'):,} (expected {w.lines:,}) {'OK' if ok_lines else 'MISMATCH'}; "
-        f"raw events landed {landed.get(ingest.RAW, 0):,} (expected {w.change_events:,}) {'OK' if ok_events else 'MISMATCH'}; "
+        f"raw events landed {landed.get(RAW, 0):,} (expected {w.change_events:,}) {'OK' if ok_events else 'MISMATCH'}; "
         f"landed per table: {json.dumps(landed, sort_keys=True)}"
     )
     if "limit" in results:

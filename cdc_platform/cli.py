@@ -38,7 +38,8 @@ def _spark(announce: bool = True) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cdc_platform.ingest import IngestJob, RAW
+    from cdc_platform.ingest import IngestJob
+    from cdc_platform.stage import RAW
 
     config = _config(args)
     spark = _spark()
@@ -138,7 +139,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cdc_platform.ingest import IngestJob, RAW
+    from cdc_platform.ingest import IngestJob
+    from cdc_platform.stage import RAW
     from cdc_platform.views import register_lake
 
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,19 +36,7 @@ from cdc_platform import lake, schemas
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
 from cdc_platform.errors import CdcError, ConfigError
-from cdc_platform.stage import (  # noqa: F401 - re-exported: the job's batch types live with the stage protocol
-    DEAD_LETTER,
-    MARKERS,
-    METRICS,
-    RAW,
-    BatchContext,
-    ParsedBatch,
-    Stage,
-    StageFailure,
-    StageResult,
-    dead_letter_rows,
-    run_stage,
-)
+from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

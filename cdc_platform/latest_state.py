@@ -48,22 +48,19 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from cdc_platform import envelope, lake, schemas, views
-from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
+from cdc_platform import envelope, lake, schemas
+from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope import canonical_json  # the one definition of the `key` text
 from cdc_platform.envelope import json_text as _json_dump
 from cdc_platform.envelope import quote_value as _show
 from cdc_platform.errors import LakeError
 from cdc_platform.stage import RAW, BatchContext, ParsedBatch, StageResult, dead_letter_rows
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 #: Row images are read with every number exact (orjson where it reads them as the stdlib would, Decimal
 #: for a number no float holds), so a decimal column gets the digits the source committed.
@@ -1298,57 +1295,3 @@ def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], N
     say(f"rebuilt {name}: {report.rows:,} rows (tombstones included), {report.history_rows:,} history rows, "
         f"{report.dead_letters:,} events dead-lettered, {report.seconds:.1f} s")
     return report
-
-
-# --- Views ---------------------------------------------------------------------------------------
-
-def stored_view_name(name: str) -> str:
-    return f"{name}__stored"
-
-
-def snapshot_facts(table: DeltaTable, key: Sequence[str]) -> tuple[bool, bool]:
-    """(delta rows pending, truncate markers possible) in this snapshot, from its log's file statistics."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return False, False
-    layer = f"partition.{LAYER}"
-    pending = layer not in actions.column_names or pc.any(pc.equal(actions.column(layer), DELTA)).as_py() is True
-    nulls = f"null_count.{key[0]}" if key else ""
-    if not key or nulls not in actions.column_names or actions.column(nulls).null_count:
-        return pending, True  # no statistics: assume markers may exist
-    return pending, bool(pc.sum(actions.column(nulls)).as_py())
-
-
-def register_views(spark: SparkSession, lake_dir: Path) -> list[str]:
-    """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
-    latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
-
-    Each view is planned for the snapshot it reads: the SQL and the Spark file list come from one
-    DeltaTable object, so the view skips folding work only when that very snapshot has none to do.
-    """
-    names: list[str] = []
-    present = lake.lake_tables(lake_dir)
-    for table in lake.registered_tables(lake_dir):
-        if table.name not in present:
-            continue
-        path = present[table.name]
-        snapshot = lake.open_table(path)
-        schema = pa.schema(snapshot.schema().to_arrow())
-        stored = stored_view_name(table.name)
-        lake.read_snapshot(spark, snapshot, path).createOrReplaceTempView(lake.quote_identifier(stored))
-        names.append(stored)
-        pending, truncates = snapshot_facts(snapshot, table.key)
-        statements = views.latest_state_views(table, source_columns(schema), stored, salt=mask_salt(table), pending=pending, truncates=truncates)
-        if table.history and table.history_name in present:
-            hpath = present[table.history_name]
-            hsnap = lake.open_table(hpath)
-            hstored = stored_view_name(table.history_name)
-            lake.read_snapshot(spark, hsnap, hpath).createOrReplaceTempView(lake.quote_identifier(hstored))
-            names.append(hstored)
-            hcols = source_columns(pa.schema(hsnap.schema().to_arrow()), HISTORY_META)
-            statements.append((table.history_name, views.history_sql(hstored, hcols, table.key)))
-        for view, sql in statements:
-            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
-            if view not in (table.name, table.history_name):
-                names.append(view)
-    return names

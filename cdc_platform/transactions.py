@@ -43,25 +43,21 @@ process that finds such a row for a transaction its state still holds open treat
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_platform import lake
-from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
-from cdc_platform.stage import RAW, BatchContext, ParsedBatch, StageResult
+from cdc_platform.config import PlatformConfig
 from cdc_platform.schemas import TS
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
 
 TRANSACTIONS = "transactions"
 INCOMPLETE = "incomplete_transactions"
@@ -1378,101 +1374,3 @@ def _latest_commit(table: Any) -> dict[str, Any]:
     """The commit info of the table's current version (custom metadata appears as top-level keys)."""
     history = table.history(1)
     return history[0] if history else {}
-
-
-# --- Views ----------------------------------------------------------------------------------------
-
-def _spark_type(values: list[Any]) -> str:
-    kinds = {type(v) for v in values if v is not None}
-    if not kinds:
-        return "STRING"
-    if kinds == {bool}:
-        return "BOOLEAN"
-    if kinds <= {int}:
-        return "BIGINT"
-    if kinds <= {int, float}:
-        return "DOUBLE"
-    return "STRING"  # strings, nested objects and arrays (kept as JSON text), or mixed
-
-
-def infer_row_schema(samples: Iterable[str], key: Sequence[str]) -> list[tuple[str, str]]:
-    """Column names and Spark types from sample row images; key columns first, the rest in first-seen order."""
-    values: dict[str, list[Any]] = {k: [] for k in key}
-    for text in samples:
-        try:
-            row = json.loads(text)
-        except (TypeError, ValueError):
-            continue
-        if not isinstance(row, dict):
-            continue
-        for name, value in row.items():
-            values.setdefault(name, []).append(value)
-    return [(name, _spark_type(vals)) for name, vals in values.items()]
-
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], salt: bytes | None = None) -> str:
-    """The latest state of one table as of its source's consistency watermark.
-
-    Visible: an event without transaction metadata at or below the watermark, or any event of a
-    transaction in `transactions` whose commit position is at or below it. So a transaction is shown
-    whole or not at all, and one that expired incomplete is never shown. Latest per key by position;
-    deletes hide the row. Shaped like `<name>__clean_view` (same masking, same metadata columns), so a
-    reader can swap one for the other.
-    """
-    from cdc_platform.views import VIEW_META, masked_expression
-
-    q = lake.quote_identifier
-    struct = ", ".join(f"{q(name)}: {kind}" for name, kind in columns)
-    masked = {m.lower() for m in table.mask}
-    outer: list[str] = []
-    for name, _ in columns:
-        if name.lower() in masked:
-            expr = masked_expression(name, False, table.mask_mode, salt)
-            if expr is not None:
-                outer.append(expr)
-        else:
-            outer.append(q(name))
-    outer += [q(m) for m in VIEW_META]
-    inner = ", ".join(f"_row.{q(name)} AS {q(name)}" for name, _ in columns)
-    return f"""
-SELECT {', '.join(outer)} FROM (
-  SELECT {inner}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
-    SELECT from_json(r.after, {_sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
-           r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
-           r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
-           row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.event_id DESC) AS `__rank`
-    FROM {q(RAW)} r
-    JOIN {q(WATERMARK)} w ON coalesce(r.source_name, '') = w.source
-    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(TRANSACTIONS)} GROUP BY transaction_id) t
-      ON r.transaction_id = t.transaction_id
-    WHERE r.table_id = {_sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
-      AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
-  ) ranked
-  WHERE `__rank` = 1 AND `_op` <> 'd'
-) latest
-"""
-
-
-SAMPLE_ROWS = 1000
-
-
-def register_views(spark: SparkSession, lake_dir: Path) -> list[str]:
-    """`<name>__consistent_view` for every configured table (called by `views.register_lake`)."""
-    present = lake.lake_tables(lake_dir)
-    if not all(name in present for name in (RAW, TRANSACTIONS, WATERMARK)):
-        return []
-    names = []
-    for table in lake.registered_tables(lake_dir):
-        sample = spark.sql(
-            f"SELECT after FROM {lake.quote_identifier(RAW)} WHERE table_id = {_sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
-        ).collect()
-        columns = infer_row_schema((r[0] for r in sample), table.key)
-        view = f"{table.name}__consistent_view"
-        sql = consistent_view_sql(table, columns, mask_salt(table))
-        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
-        names.append(view)
-    return names

@@ -11,24 +11,20 @@ re-registered as the folded state, and the directory stays reachable as `<name>_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform import lake
-from cdc_platform.config import TableConfig
+from cdc_platform import latest_state as LS
+from cdc_platform import transactions as T
+from cdc_platform.config import TableConfig, mask_salt
 from cdc_platform.errors import LakeError
+from cdc_platform.stage import RAW
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-def _registrars() -> list[Callable[[SparkSession, Path], list[str]]]:
-    """The stages that define views, so `cdc sql` and Dagster register a whole lake with one call."""
-    # Imported here, not at the top: both modules import this one for the views' SQL.
-    from cdc_platform import latest_state, transactions
-
-    return [latest_state.register_views, transactions.register_views]
-
 
 def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
     """Register every table and view of the lake in this session; return the names, tables first."""
@@ -38,8 +34,8 @@ def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
     for name, path in lake.lake_tables(lake_dir).items():
         lake.read_table(spark, path).createOrReplaceTempView(lake.quote_identifier(name))
         names.append(name)
-    for registrar in _registrars():
-        names.extend(registrar(spark, lake_dir))
+    names.extend(register_latest_state_views(spark, lake_dir))
+    names.extend(register_consistent_views(spark, lake_dir))
     return names
 
 
@@ -244,3 +240,158 @@ def latest_state_views(
         (full, full_view_sql(table.name, names)),
         (f"{table.name}__clean_view", clean_view_sql(full, typed, table.mask, table.mask_mode, salt)),
     ]
+
+
+# --- Registering the latest-state views ------------------------------------------------------------
+
+def stored_view_name(name: str) -> str:
+    return f"{name}__stored"
+
+
+def snapshot_facts(table: Any, key: Sequence[str]) -> tuple[bool, bool]:
+    """(delta rows pending, truncate markers possible) in this delta-rs snapshot, from its log's file statistics."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return False, False
+    layer = f"partition.{LS.LAYER}"
+    pending = layer not in actions.column_names or pc.any(pc.equal(actions.column(layer), LS.DELTA)).as_py() is True
+    nulls = f"null_count.{key[0]}" if key else ""
+    if not key or nulls not in actions.column_names or actions.column(nulls).null_count:
+        return pending, True  # no statistics: assume markers may exist
+    return pending, bool(pc.sum(actions.column(nulls)).as_py())
+
+
+def register_latest_state_views(spark: SparkSession, lake_dir: Path) -> list[str]:
+    """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
+    latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
+
+    Each view is planned for the snapshot it reads: the SQL and the Spark file list come from one
+    DeltaTable object, so the view skips folding work only when that very snapshot has none to do.
+    """
+    import pyarrow as pa
+
+    names: list[str] = []
+    present = lake.lake_tables(lake_dir)
+    for table in lake.registered_tables(lake_dir):
+        if table.name not in present:
+            continue
+        path = present[table.name]
+        snapshot = lake.open_table(path)
+        schema = pa.schema(snapshot.schema().to_arrow())
+        stored = stored_view_name(table.name)
+        lake.read_snapshot(spark, snapshot, path).createOrReplaceTempView(lake.quote_identifier(stored))
+        names.append(stored)
+        pending, truncates = snapshot_facts(snapshot, table.key)
+        statements = latest_state_views(table, LS.source_columns(schema), stored, salt=mask_salt(table), pending=pending, truncates=truncates)
+        if table.history and table.history_name in present:
+            hpath = present[table.history_name]
+            hsnap = lake.open_table(hpath)
+            hstored = stored_view_name(table.history_name)
+            lake.read_snapshot(spark, hsnap, hpath).createOrReplaceTempView(lake.quote_identifier(hstored))
+            names.append(hstored)
+            hcols = LS.source_columns(pa.schema(hsnap.schema().to_arrow()), LS.HISTORY_META)
+            statements.append((table.history_name, history_sql(hstored, hcols, table.key)))
+        for view, sql in statements:
+            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
+            if view not in (table.name, table.history_name):
+                names.append(view)
+    return names
+
+
+# --- Consistent views: latest state as of the consistency watermark -----------------------------------
+
+def _spark_type(values: list[Any]) -> str:
+    kinds = {type(v) for v in values if v is not None}
+    if not kinds:
+        return "STRING"
+    if kinds == {bool}:
+        return "BOOLEAN"
+    if kinds <= {int}:
+        return "BIGINT"
+    if kinds <= {int, float}:
+        return "DOUBLE"
+    return "STRING"  # strings, nested objects and arrays (kept as JSON text), or mixed
+
+
+def infer_row_schema(samples: Iterable[str], key: Sequence[str]) -> list[tuple[str, str]]:
+    """Column names and Spark types from sample row images; key columns first, the rest in first-seen order."""
+    values: dict[str, list[Any]] = {k: [] for k in key}
+    for text in samples:
+        try:
+            row = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(row, dict):
+            continue
+        for name, value in row.items():
+            values.setdefault(name, []).append(value)
+    return [(name, _spark_type(vals)) for name, vals in values.items()]
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], salt: bytes | None = None) -> str:
+    """The latest state of one table as of its source's consistency watermark.
+
+    Visible: an event without transaction metadata at or below the watermark, or any event of a
+    transaction in `transactions` whose commit position is at or below it. So a transaction is shown
+    whole or not at all, and one that expired incomplete is never shown. Latest per key by position;
+    deletes hide the row. Shaped like `<name>__clean_view` (same masking, same metadata columns), so a
+    reader can swap one for the other.
+    """
+    q = lake.quote_identifier
+    struct = ", ".join(f"{q(name)}: {kind}" for name, kind in columns)
+    masked = {m.lower() for m in table.mask}
+    outer: list[str] = []
+    for name, _ in columns:
+        if name.lower() in masked:
+            expr = masked_expression(name, False, table.mask_mode, salt)
+            if expr is not None:
+                outer.append(expr)
+        else:
+            outer.append(q(name))
+    outer += [q(m) for m in VIEW_META]
+    inner = ", ".join(f"_row.{q(name)} AS {q(name)}" for name, _ in columns)
+    return f"""
+SELECT {', '.join(outer)} FROM (
+  SELECT {inner}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
+    SELECT from_json(r.after, {_sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
+           r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
+           r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
+           row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.event_id DESC) AS `__rank`
+    FROM {q(RAW)} r
+    JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
+    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t
+      ON r.transaction_id = t.transaction_id
+    WHERE r.table_id = {_sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
+      AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
+  ) ranked
+  WHERE `__rank` = 1 AND `_op` <> 'd'
+) latest
+"""
+
+
+SAMPLE_ROWS = 1000
+
+
+def register_consistent_views(spark: SparkSession, lake_dir: Path) -> list[str]:
+    """`<name>__consistent_view` for every configured table."""
+    present = lake.lake_tables(lake_dir)
+    if not all(name in present for name in (RAW, T.TRANSACTIONS, T.WATERMARK)):
+        return []
+    names = []
+    for table in lake.registered_tables(lake_dir):
+        sample = spark.sql(
+            f"SELECT after FROM {lake.quote_identifier(RAW)} WHERE table_id = {_sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
+        ).collect()
+        columns = infer_row_schema((r[0] for r in sample), table.key)
+        view = f"{table.name}__consistent_view"
+        sql = consistent_view_sql(table, columns, mask_salt(table))
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
+        names.append(view)
+    return names

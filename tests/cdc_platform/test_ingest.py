@@ -16,7 +16,8 @@ import pytest
 from cdc_platform import lake
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
-from cdc_platform.ingest import BatchContext, IngestJob, ParsedBatch, StageResult
+from cdc_platform.ingest import IngestJob
+from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
 
 PRODUCTS = {"inventory.products": {"key": ["id"]}}
 

@@ -332,11 +332,6 @@ def test_outputs_have_their_declared_schemas(name: str) -> None:
     assert table.schema.equals(T.TABLE_SCHEMAS[name])
 
 
-def test_infer_row_schema_types_columns_and_keeps_keys_first() -> None:
-    samples = ['{"name": "a", "id": 1, "amount": 2, "ok": true, "meta": {"x": 1}}', '{"id": 2, "amount": 2.5, "name": null}', "not json"]
-    assert T.infer_row_schema(samples, ["id"]) == [("id", "BIGINT"), ("name", "STRING"), ("amount", "DOUBLE"), ("ok", "BOOLEAN"), ("meta", "STRING")]
-
-
 def test_an_in_batch_duplicate_drops_no_other_event() -> None:
     """Regression: ingest's in-batch dedup once kept the duplicate and dropped the next distinct event."""
     lines = [ev("g:1", "charges", 101, 1), ev("g:1", "charges", 101, 1, ts_ms=START_MS + 5), ev("g:1", "audits", 102, 1, order=2)]

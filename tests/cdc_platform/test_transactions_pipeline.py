@@ -17,8 +17,8 @@ from cdc_platform import transactions as T
 from cdc_platform.cli import main as cdc
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import parse_line, rows_to_batch
-from cdc_platform.ingest import BatchContext, IngestJob
-from cdc_platform.stage import StageFailure
+from cdc_platform.ingest import IngestJob
+from cdc_platform.stage import BatchContext, StageFailure
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
 
 TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"], "mask": ["pos"]}}

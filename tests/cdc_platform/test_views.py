@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.cli import main
+from cdc_platform import views
 from cdc_platform.views import clean_view_sql, full_view_sql, latest_state_sql, masked_expression
 from tests.cdc_platform.test_latest_state import Feed, c, ev, u
 
@@ -120,3 +121,8 @@ def test_masked_value_never_visible_after_updates_and_compaction(mode, make_conf
     feed([u(1, 3, card="4111-2222")])
     text = all_cells(query(cfg, "SELECT * FROM orders__clean_view"))
     assert "4111" not in text and "5500" not in text
+
+
+def test_infer_row_schema_types_columns_and_keeps_keys_first() -> None:
+    samples = ['{"name": "a", "id": 1, "amount": 2, "ok": true, "meta": {"x": 1}}', '{"id": 2, "amount": 2.5, "name": null}', "not json"]
+    assert views.infer_row_schema(samples, ["id"]) == [("id", "BIGINT"), ("name", "STRING"), ("amount", "DOUBLE"), ("ok", "BOOLEAN"), ("meta", "STRING")]

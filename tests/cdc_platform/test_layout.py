@@ -1,0 +1,63 @@
+"""The package's imports flow one way, with the data: no module imports one that imports it back."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "cdc_platform"
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at the top or inside a function (both bind at run time)."""
+    modules: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
+                deps.add(node.module)
+                deps.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names if alias.name.startswith(root.name))
+        modules[name] = deps
+    return {m: {d for d in deps if d in modules and d != m} for m, deps in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [dep]
+            if dep not in state:
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [start])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles_in_the_package() -> None:
+    cycle = find_cycle(import_graph(PACKAGE))
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_stages_never_import_the_job_or_the_views() -> None:
+    graph = import_graph(PACKAGE)
+    for stage in ("cdc_platform.latest_state", "cdc_platform.transactions", "cdc_platform.stage"):
+        assert not graph[stage] & {"cdc_platform.ingest", "cdc_platform.views", "cdc_platform.cli"}, stage
