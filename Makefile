@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The JVM jars Spark loads beside pyspark's (jvm/pom.xml), resolved by mvn; the manifest is the stamp.
+JARS_STAMP := jvm/jars/manifest.json
 
 .PHONY: setup demo test ui clean check-java
 
@@ -15,7 +17,13 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-setup: check-java $(STAMP)
+# Re-resolves only when the pom, the script or the venv changed (and then only if pom, pyspark or
+# delta-spark differ from the manifest's); once done it is offline.
+$(JARS_STAMP): jvm/pom.xml scripts/resolve_jars.py $(STAMP)
+	@$(BIN)/python scripts/resolve_jars.py
+	@touch $@
+
+setup: check-java $(STAMP) $(JARS_STAMP)
 
 demo: setup
 	@$(BIN)/cdc demo
