@@ -7,8 +7,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import os
+
 import pytest
 import yaml
+from hypothesis import HealthCheck, settings
 
 from cdc_platform.config import PlatformConfig, load_config
 
@@ -17,6 +20,14 @@ PEER_DATA = REPO.parent / "shared" / "peer-data"
 FLINK = PEER_DATA / "apache-flink"
 SCHEMA_EXCLUDE = FLINK / "debezium-postgres-data-schema-exclude.txt"
 REPLICA_IDENTITY = FLINK / "debezium-postgres-data-replica-identity.txt"
+
+# Hypothesis: `ci` (the default) is deterministic and small; `HYPOTHESIS_PROFILE=dev` explores new
+# examples each run and remembers failures in .hypothesis/; benchmarks/type_fuzz.py runs thousands.
+_SLOW_DATA = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True, database=None, print_blob=False,
+                          suppress_health_check=_SLOW_DATA)
+settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_SLOW_DATA)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
