@@ -330,7 +330,10 @@ def _zoned_timestamp(v: Any) -> dt.datetime:
         parsed = dt.datetime.fromisoformat(_string(v))
     except ValueError as exc:
         raise BadValue(f"{v!r} is not an ISO-8601 timestamp") from exc
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).astimezone(dt.timezone.utc)
+    try:
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).astimezone(dt.timezone.utc)
+    except OverflowError:  # e.g. 9999-12-31T23:59:59-00:01 is in the year 10000 in UTC
+        raise BadValue(f"{v!r} is outside the years 1 to 9999 in UTC", "out_of_range") from None
 
 
 _INFERRED: dict[type, FieldType] = {

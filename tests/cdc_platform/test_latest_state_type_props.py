@@ -7,8 +7,10 @@ typing without Spark, one test per type family so a defect marks only its own fa
 tests land one file with a table per group of families, run the pipeline once and read every
 `__full_view` (and the dead letters) back through Spark. `benchmarks/type_fuzz.py` runs the same property with thousands of examples.
 
-A family marked xfail(strict=True) fails today for the defect its reason names: when the fix lands the
-test passes, strict xfail turns that into a failure, and the marker is to be removed.
+Twelve defects these tests found (decimals through a float or rounded to 28 digits, wide decimals
+clamped, VariableScaleDecimal as struct text, NaN strings refused, timestamps scaled through a float,
+out-of-range times raising, big plain integers refused) were fixed; to mark a new one as known, give
+its family `pytest.mark.xfail(strict=True, reason=...)` so the marker fails once the fix lands.
 """
 
 from __future__ import annotations
@@ -26,46 +28,18 @@ from hypothesis import HealthCheck, Phase, given, settings
 from tests.strategies.debezium_types import EPOCH, EPOCH_DAY, FAMILIES, PLAIN, WRAPPED, TableCase, table_cases
 from tests.strategies.type_property import Failure, check_case, report, same
 
-# --- What fails today, and why (each reason names the defect; see the report of issue 13) -----------
-
-_SCALEB = "base64 decimals of more than 28 digits are rounded to 28 (Decimal.scaleb under the default context), and some then make Arrow raise"
-_FLOAT_MS = "epoch integers are scaled through a float (int(v * factor)), so values beyond 2**53 microseconds land microseconds off"
-KNOWN: dict[str, str] = {
-    "float_specials": "the JSON converter's \"NaN\" / \"Infinity\" / \"-Infinity\" strings in float32/float64 columns are dead-lettered (invalid_value)",
-    "decimal_base64": _SCALEB,
-    "decimal_numeric": "Decimal as a JSON number goes through a binary float (digits beyond ~17 lost); past 28 digits quantize raises InvalidOperation",
-    "decimal_wide": "precision > 38 is clamped to decimal(38,s) instead of exact text; wider values dead-lettered or raising",
-    "decimal_no_precision": _SCALEB + "; a JSON number goes through a float; more than 38 digits raise instead of a dead letter",
-    "variable_scale_decimal": "VariableScaleDecimal lands as the struct's JSON text ({\"scale\":..,\"value\":base64}), not the decimal",
-    "timestamp": _FLOAT_MS,
-    "micro_timestamp": _FLOAT_MS + "; near year 9999 the rounding overflows and the stage raises OverflowError",
-    "nano_timestamp": _FLOAT_MS + "; negative values are truncated toward zero, not to the earlier microsecond",
-    "time_out_of_range": "a Date/Timestamp/MicroTimestamp/ZonedTimestamp outside years 1-9999 makes the stage raise OverflowError instead of a dead letter",
-    "plain_big_int": "a plain JSON integer beyond int64 is dead-lettered (out_of_range) instead of landing as decimal(20,0)/decimal(38,0)",
-    "mixed_wrapped": "fails while any wrapped family above fails",
-    "mixed_plain": "fails while plain_big_int fails",
-}
-
-
-def _params(names: list[str], known: dict[str, str] = KNOWN) -> list[Any]:
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=known[n])) if n in known else n for n in names]
-
-
 MIXED = {"mixed_wrapped": WRAPPED, "mixed_plain": PLAIN}
 
 
 # --- Fast: parser + latest-state typing, no Spark ---------------------------------------------------
 
 
-@pytest.mark.parametrize("family", _params([*FAMILIES, *MIXED]))
+@pytest.mark.parametrize("family", [*FAMILIES, *MIXED])
 def test_events_type_to_the_values_they_carry(family: str) -> None:
     families = MIXED.get(family, (family,))
     examples = settings().max_examples * (4 if family in MIXED else 1)
 
-    # A known failure is not shrunk (minutes of CI for a defect already described in its reason).
-    phases = [p for p in settings().phases if p is not Phase.shrink] if family in KNOWN else settings().phases
-
-    @settings(max_examples=examples, phases=phases)
+    @settings(max_examples=examples)
     @given(table_cases(families, max_columns=5 if family in MIXED else 3))
     def prop(case: TableCase) -> None:
         failures = check_case(case)
@@ -77,9 +51,7 @@ def test_events_type_to_the_values_they_carry(family: str) -> None:
 # --- End to end: one landing file, one pipeline run, every full view read back through Spark --------
 
 #: One table per group of families (registering a table's views costs Spark about a second and a half,
-#: so a table per family would make this test minutes long). Groups whose values have made the stage
-#: raise come last: a raising stage fails the batch and stops the tables configured after it, so the
-#: order only decides how much one such defect hides of the others.
+#: so a table per family would make this test minutes long).
 GROUPS: dict[str, tuple[str, ...]] = {
     "numbers": ("integers", "float32", "float64", "boolean"),
     "text": ("string", "bytes", "semantic_string", "decimal_mode_string", "decimal_mode_double"),
@@ -95,15 +67,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "time_out_of_range": ("time_out_of_range",),
 }
 assert sorted(f for g in GROUPS.values() for f in g) == sorted(FAMILIES)
-KNOWN_E2E: dict[str, str] = {
-    "float_specials": KNOWN["float_specials"],
-    "variable_scale_decimal": KNOWN["variable_scale_decimal"],
-    "epoch_timestamps": KNOWN["timestamp"],
-    "plain_big_int": KNOWN["plain_big_int"],
-    "decimals": f"{KNOWN['decimal_base64']}; {KNOWN['decimal_numeric']}; {KNOWN['decimal_wide']}",
-    "micro_timestamp": KNOWN["micro_timestamp"],
-    "time_out_of_range": KNOWN["time_out_of_range"],
-}
 E2E_KEYS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 2**63 - 1, -(2**63))
 
 
@@ -161,7 +124,6 @@ def e2e(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
     yield Lake(config, cases, error, dead)
 
 
-@pytest.mark.xfail(strict=True, reason="a stage raising (ArrowInvalid, InvalidOperation, OverflowError on decimal and time values) fails the whole batch")
 def test_one_run_lands_every_table(e2e: Lake) -> None:
     assert e2e.error is None, f"the pipeline run raised {type(e2e.error).__name__}: {e2e.error}"
     assert sum(len(c.events) for c in e2e.cases.values()) >= 100
@@ -235,7 +197,7 @@ def _view_failures(spark: Any, lake: Lake, case: TableCase) -> list[Failure]:
     return failures
 
 
-@pytest.mark.parametrize("group", _params(list(GROUPS), KNOWN_E2E))
+@pytest.mark.parametrize("group", list(GROUPS))
 def test_full_view_holds_the_values_events_carried(e2e: Lake, spark: Any, group: str) -> None:
     failures = _view_failures(spark, e2e, e2e.cases[group])
     assert not failures, report(failures)

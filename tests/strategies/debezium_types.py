@@ -25,7 +25,6 @@ import json
 import math
 import string
 import struct
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
