@@ -1,0 +1,140 @@
+"""The lake on delta-spark: the engine the pipeline is moving onto (issue 10), one table operation each.
+
+Today's stages still commit through delta-rs (`lake.py`); this module is what they move to, table by
+table, and it already holds the rules that move must keep:
+
+* Exactly once is Delta's own. Every micro-batch write carries an application transaction
+  (`txnAppId` = `<query id>:<table>`, `txnVersion` = batch id); Delta records it in the same commit
+  and skips a later write whose version is not above the recorded one, atomically, where delta-rs
+  only records it and the platform had to check it first. For appends the writer options carry it;
+  for MERGE, Delta reads the same pair from two session settings, which this module sets and clears
+  around the one command under a lock (settings are per session, shared by the stream's threads).
+* Identity dedup stays: the raw log and markers insert only ids they do not hold (MERGE ... WHEN NOT
+  MATCHED), so input redelivered under a new batch id, or after a lost checkpoint, inserts nothing.
+  The MERGE names the partitions the batch touches as literals, so its cost follows the batch.
+* Reads go through `spark.read.format("delta")`: the snapshot's own file list, never a directory
+  listing (which would include files the log removed).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from delta.tables import DeltaTable
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+#: Delta's session settings for idempotent DML (MERGE, UPDATE, DELETE); writer options win over them.
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_TXN_LOCK = threading.Lock()
+
+
+def location(path: Path | str) -> str:
+    return str(path)
+
+
+def read(spark: SparkSession, path: Path | str) -> DataFrame:
+    """The table's current snapshot."""
+    return spark.read.format("delta").load(location(path))
+
+
+def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
+    """Create the table if it does not exist (an existing one is left as it is)."""
+    from delta.tables import DeltaTable
+
+    builder = DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
+    if partition_by:
+        builder = builder.partitionedBy(*partition_by)
+    return builder.execute()
+
+
+def version(spark: SparkSession, path: Path | str) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, location(path)).history(1).first()["version"])
+
+
+def last_commit(spark: SparkSession, path: Path | str) -> dict[str, Any]:
+    """The newest entry of `DESCRIBE HISTORY`, as a dict (operation, operationMetrics, ...)."""
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, location(path)).history(1).first().asDict(recursive=True)
+
+
+def append_once(df: DataFrame, path: Path | str, application: str, batch: int) -> bool:
+    """Append `df` unless this application already committed `batch` (or a later one); True if it wrote."""
+    spark = df.sparkSession
+    before = version(spark, path)
+    (df.write.format("delta").mode("append")
+     .option("txnAppId", application).option("txnVersion", batch).save(location(path)))
+    return version(spark, path) != before
+
+
+def insert_new_once(
+    df: DataFrame, path: Path | str, id_column: str, partition_column: str, application: str, batch: int
+) -> int | None:
+    """Insert the rows of `df` whose id the table lacks, once per (application, batch).
+
+    Returns the rows inserted, or None when Delta skipped the batch as already committed. Only the
+    partitions the batch carries are searched for its ids: their values (a small aggregate) become
+    literals of the MERGE condition, which Delta prunes files by.
+    """
+    from delta.tables import DeltaTable
+
+    spark = df.sparkSession
+    parts = [row[0] for row in df.select(partition_column).distinct().collect()]
+    if not parts:
+        return 0
+    named = ", ".join(_sql_literal(p) for p in parts if p is not None)
+    within = [f"t.`{partition_column}` IN ({named})"] if named else []
+    if None in parts:
+        within.append(f"t.`{partition_column}` IS NULL")
+    condition = f"t.`{id_column}` = s.`{id_column}` AND ({' OR '.join(within)})"
+    before = version(spark, path)
+    with _TXN_LOCK:
+        spark.conf.set(TXN_APP_ID, application)
+        spark.conf.set(TXN_VERSION, str(batch))
+        try:
+            (DeltaTable.forPath(spark, location(path)).alias("t")
+             .merge(df.alias("s"), condition).whenNotMatchedInsertAll().execute())
+        finally:
+            spark.conf.unset(TXN_APP_ID)
+            spark.conf.unset(TXN_VERSION)
+    if version(spark, path) == before:
+        return None
+    metrics = last_commit(spark, path).get("operationMetrics") or {}
+    return int(metrics.get("numTargetRowsInserted", 0))
+
+
+def optimize(spark: SparkSession, path: Path | str) -> dict[str, Any]:
+    """Compact small files (`OPTIMIZE`); returns Delta's metrics."""
+    from delta.tables import DeltaTable
+
+    result = DeltaTable.forPath(spark, location(path)).optimize().executeCompaction().first()
+    return result.asDict(recursive=True) if result is not None else {}
+
+
+def vacuum(spark: SparkSession, path: Path | str, retain_hours: float) -> None:
+    """Remove files the log no longer references and that are older than `retain_hours` (`VACUUM`)."""
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, location(path)).vacuum(retain_hours)
+
+
+def _sql_literal(value: Any) -> str:
+    import datetime as dt
+
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"DATE'{value.isoformat()}'"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
