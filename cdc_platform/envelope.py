@@ -119,17 +119,20 @@ _ORJSON_SORTED = 0 if _orjson is None else _orjson.OPT_SORT_KEYS
 #: run five times faster than the regex scans (which tries a match after every `:` and `,`), so the
 #: regex runs only on the rare line that has one; non-ASCII lines (where `\d` also matches other
 #: scripts' digits) go straight to the regex. The decision is the regex's either way.
-_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else (0x2E if b == 0x2E else 0x20) for b in range(256))
+#: The shape of a number: digits as `0`, and `.`, `e` (either case) and `-` kept; everything else a space.
+_DIGITS_AS_ZERO = bytes(
+    0x30 if 0x30 <= b <= 0x39 else b if b in b".e-" else 0x65 if b == 0x45 else 0x20 for b in range(256)
+)
 _NINETEEN_DIGITS = b"0" * 19
 
 #: orjson reads every number with a fraction or exponent as a 64-bit float. A float holds any decimal of
 #: at most 15 significant digits exactly (as its shortest text), so only numbers with 16 or more digits,
 #: which have 8 or more on one side of the point, or an exponent beyond the float's normal range
-#: (`e-3xx`), may lose digits: such lines take the stdlib path, whose `_exact_float` keeps them whole.
+#: (`1e-400`), may lose digits: such lines take the stdlib path, whose `_exact_float` keeps them whole.
 _EIGHT_DIGITS_POINT = b"00000000."
 _POINT_EIGHT_DIGITS = b".00000000"
+_SMALL_EXPONENT = b"0e-000"
 _LONG_FLOAT = re.compile(r"[0-9]{8}\.|\.[0-9]{8}|[0-9][eE]-[0-9]{3}")
-_SMALL_EXPONENT = re.compile(rb"[0-9][eE]-[0-9]{3}")
 
 
 def _orjson_may_misread(line: str) -> bool:
@@ -138,11 +141,8 @@ def _orjson_may_misread(line: str) -> bool:
     Either an integer beyond 64 bits (`_ORJSON_UNSAFE_INPUT`), or a number a float may not hold.
     """
     if line.isascii():
-        raw = line.encode("ascii")
-        shape = raw.translate(_DIGITS_AS_ZERO)
-        if _EIGHT_DIGITS_POINT in shape or _POINT_EIGHT_DIGITS in shape:
-            return True
-        if (b"e-" in raw or b"E-" in raw) and _SMALL_EXPONENT.search(raw):
+        shape = line.encode("ascii").translate(_DIGITS_AS_ZERO)
+        if _EIGHT_DIGITS_POINT in shape or _POINT_EIGHT_DIGITS in shape or _SMALL_EXPONENT in shape:
             return True
         if _NINETEEN_DIGITS not in shape:
             return False

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import decimal
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cdc_platform import envelope
 from cdc_platform.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line, rows_to_batch
 from cdc_platform.schemas import PARSED
 
@@ -367,8 +369,6 @@ def test_rows_to_batch_is_from_pylist_for_any_mix_of_rows() -> None:
 def test_input_precheck_decides_as_the_regex() -> None:
     import random
 
-    from cdc_platform import envelope
-
     rng = random.Random(11)
     alphabet = ["1", "9", "0", "-", ":", ",", "[", " ", "\t", "a", '"', "\u0663", "\uff11", "."]
     lines = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(60))) for _ in range(5000)]
@@ -382,7 +382,6 @@ def test_keys_and_row_images_match_the_stdlib_path_whatever_the_numbers(monkeypa
     """The identity's orjson text vouches for the key and row images: check that on keys made of awkward numbers."""
     import random
 
-    from cdc_platform import envelope
 
     if envelope._orjson is None:
         pytest.skip("orjson is not installed: only the stdlib path exists")
@@ -414,3 +413,41 @@ def test_memoised_table_ids_keep_every_name_check() -> None:
         for source, want in cases:
             row = parse_line(json.dumps(change(source=source)), "f", KEYS)
             assert row.get("reason_code", row.get("table_id")) == want, source
+
+
+# --- numbers keep every digit (issue 13) -----------------------------------------------------------------
+
+_NUMBER_LINE = ('{"op":"c","ts_ms":1,"source":{"connector":"mysql","db":"db","table":"t","ts_ms":1000,'
+                '"file":"mysql-bin.000001","pos":4,"row":0},"after":{"id":1,"amt":%s}}')
+
+
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [
+        ("123456789876543212345678987654321.110", "123456789876543212345678987654321.110"),  # DECIMAL(40,3)
+        ("12345678901234567.891", "12345678901234567.891"),  # once 12345678901234568.0
+        ("0.1000000000000000055511151231257827", "0.1000000000000000055511151231257827"),
+        ("1.2345678901234567e-5", "0.000012345678901234567"),
+        ("1E-400", "1E-400"),  # once 0.0
+        ("1e-400", "1E-400"),
+        ("2.5", "2.5"),  # a float holds these: written as before, so event ids do not change
+        ("1e-05", "1e-05"),
+    ],
+)
+def test_numbers_no_float_holds_keep_their_digits_in_the_raw_row_image(written: str, kept: str) -> None:
+    row = envelope.parse_line(_NUMBER_LINE % written, None, envelope.KeySpec({"db.t": ["id"]}))
+    assert row["kind"] == "change" and json.loads(row["after"], parse_float=str)["amt"] == kept
+
+
+def test_the_fast_path_stays_for_lines_whose_numbers_a_float_holds() -> None:
+    for ordinary in ("12.5", "1e-05", '"Date-1970"', "1700000000000000", "-3.25"):
+        assert not envelope._orjson_may_misread(_NUMBER_LINE % ordinary), ordinary
+    for long_ in ("12345678.9", "0.123456789", "1E-400", "12345678901234567890"):
+        assert envelope._orjson_may_misread(_NUMBER_LINE % long_), long_
+
+
+def test_loads_json_and_json_text_round_trip_exact_numbers() -> None:
+    text = '{"a":12345678901234567.891,"b":0.5,"c":[1,2E-500]}'
+    value = envelope.loads_json(text)
+    assert value["a"] == decimal.Decimal("12345678901234567.891") and value["b"] == 0.5
+    assert envelope.json_text(value) == text
