@@ -5,9 +5,10 @@
     does (raw log + every stage `ingest.default_stages()` finds at the time), over the same files.
 Both use the same session (`get_spark()`), after one warm-up scan that fills the page cache and the
 JIT, so the ratio (b)/(a) compares work, not start-up. A per-batch chart shows where (b) spends time.
-Two reference points put the ratio in perspective: Spark's own JSON parse plus one Parquet write (the
-least any pipeline does per line), and the unparsed lines collected to the driver (the least a pipeline
-that commits from the driver, as delta-rs does, pays before parsing).
+Reference points put the ratio in perspective: Spark's own JSON parse plus one Parquet write (the
+least any pipeline does per line), the unparsed lines collected to the driver (the least a pipeline
+that commits from the driver, as delta-rs does, pays before parsing), and the naive peer: foreachBatch
+with a delta-spark MERGE of each batch into each latest-state table, as Delta's docs show it.
 
     .venv/bin/python benchmarks/throughput.py                  # >= 1M change events (~2.5M lines)
     .venv/bin/python benchmarks/throughput.py --events 100000  # quick look
@@ -84,6 +85,66 @@ def run_parse_and_write(spark: Any, landing: Path, target: Path) -> float:
     parsed = lines.select("value", F.from_json("value", ENVELOPE_DDL).alias("e")).select("value", "e.*")
     parsed.write.mode("overwrite").parquet(str(target))
     return time.perf_counter() - t0
+
+
+def run_naive_peer(spark: Any, config: Any, target: Path, files_per_batch: int) -> tuple[float, int]:
+    """Reference point: the pattern the Delta docs show, a file stream whose `foreachBatch` MERGEs each
+    batch into each latest-state table with delta-spark (last change per key by binlog position, deletes
+    delete, an older change never overwrites a newer one).
+
+    No raw log, identity, dead letters, transactions or history, and the row image stays JSON text, so
+    it flatters the peer: it is the least a Spark user writes to keep a latest state. Returns (seconds,
+    micro-batches).
+    """
+    from delta.tables import DeltaTable
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pyspark.sql.types import StructType
+
+    tables = {t.source: t for t in config.tables}
+    schema = StructType.fromDDL("k STRING, seq STRUCT<file: STRING, pos: BIGINT, row: BIGINT>, op STRING, after STRING")
+    for t in tables.values():
+        DeltaTable.createIfNotExists(spark).location(str(target / t.name)).addColumns(schema).execute()
+    source_ddl = "db STRING, `table` STRING, file STRING, pos LONG, `row` LONG"
+    batches = 0
+    steps: dict[str, float] = {"events": 0.0}
+
+    def upsert(df: Any, batch_id: int) -> None:
+        nonlocal batches
+        batches += 1
+        events = (df.select(F.from_json("value", ENVELOPE_DDL).alias("e"))
+                  .select("e.op", "e.before", "e.after", F.from_json("e.source", source_ddl).alias("src"))
+                  .where(F.col("op").isin("c", "u", "d", "r"))
+                  .select(F.concat_ws(".", "src.db", "src.table").alias("source"), "op", "after",
+                          F.coalesce("after", "before").alias("image"),
+                          F.struct(F.col("src.file").alias("file"), F.col("src.pos").alias("pos"), F.col("src.row").alias("row")).alias("seq"))
+                  .persist())
+        t_batch = time.perf_counter()
+        events.count()  # parse the batch once; each table's MERGE reads it from memory
+        steps["events"] += time.perf_counter() - t_batch
+        for source, t in tables.items():
+            t_merge = time.perf_counter()
+            key = F.to_json(F.struct(*[F.get_json_object("image", f"$.{c}").alias(c) for c in t.key]))
+            mine = events.where(F.col("source") == source).withColumn("k", key)
+            last = (mine.withColumn("n", F.row_number().over(Window.partitionBy("k").orderBy(F.col("seq").desc())))
+                    .where("n = 1").select("k", "seq", "op", "after"))
+            (DeltaTable.forPath(spark, str(target / t.name)).alias("t").merge(last.alias("s"), "t.k = s.k")
+             .whenMatchedDelete("s.op = 'd' AND s.seq > t.seq")
+             .whenMatchedUpdateAll("s.op <> 'd' AND s.seq > t.seq")
+             .whenNotMatchedInsertAll("s.op <> 'd'")
+             .execute())
+            steps[f"merge {t.name}"] = steps.get(f"merge {t.name}", 0.0) + time.perf_counter() - t_merge
+        events.unpersist()
+
+    stream = (spark.readStream.format("text").option("recursiveFileLookup", "true")
+              .option("maxFilesPerTrigger", files_per_batch).load(str(config.landing)))
+    t0 = time.perf_counter()
+    query = (stream.writeStream.foreachBatch(upsert).trigger(availableNow=True)
+             .option("checkpointLocation", str(target / "_checkpoint")).start())
+    query.awaitTermination()
+    say("    naive peer, seconds inside foreachBatch: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
+    return time.perf_counter() - t0, batches
 
 
 def batch_rows(lake_dir: Path) -> list[dict[str, Any]]:
@@ -180,6 +241,8 @@ def main() -> int:
     parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES, help=f"files per micro-batch (default {DEFAULT_MAX_FILES})")
     parser.add_argument("--parse-workers", type=int, default=None, help="parser processes (default: the config's, one per core)")
     parser.add_argument("--skip-limit", action="store_true", help="measure the pipeline only")
+    parser.add_argument("--naive-peer", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the naive peer: foreachBatch + a delta-spark MERGE per table (default on)")
     parser.add_argument("--parse-only", action="store_true", help="time and profile the parser alone, no Spark")
     parser.add_argument("--parse-lines", type=int, default=200_000, help="lines for --parse-only")
     args = parser.parse_args()
@@ -196,10 +259,10 @@ def main() -> int:
         parse_only(w, args.parse_lines)
         return 0
 
-    from cdc_platform.stage import RAW
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.ingest import IngestJob, default_stages
     from cdc_platform.session import get_spark
+    from cdc_platform.stage import RAW
 
     run_dir = OUT / "throughput"
     fresh_dir(run_dir)
@@ -237,6 +300,14 @@ def main() -> int:
             f"driver-side commits, before any parsing or commit  [{load_average()}]"
         )
 
+    if args.naive_peer:
+        peer_s, peer_batches = run_naive_peer(spark, load_config(w.config_path), run_dir / "naive-peer", args.max_files_per_trigger)
+        results["naive_peer"] = {"seconds": peer_s, "batches": peer_batches, "load": load_average()}
+        say(
+            f"    reference, naive peer (foreachBatch + one delta-spark MERGE per latest-state table, Delta's docs' pattern): "
+            f"{peer_s:.1f} s = {w.change_events / peer_s:,.0f} change events/s, {peer_batches} batches  [{load_average()}]"
+        )
+
     config = with_overrides(
         load_config(w.config_path),
         lake=run_dir / "lake",
@@ -247,7 +318,7 @@ def main() -> int:
         config = with_overrides(config, parse_workers=args.parse_workers)
     job = IngestJob(config)
     say(f"(b) cdc run: stages that ran: {', '.join(stage_names(job))} (default_stages found: "
-        f"{', '.join(type(s).__name__ for s in ingest.default_stages(config)) or 'none'}); "
+        f"{', '.join(type(s).__name__ for s in default_stages(config)) or 'none'}); "
         f"max_files_per_trigger={args.max_files_per_trigger}, parse_workers={config.parse_workers}")
     mem = MemorySampler().start()
     wall0 = time.time()

@@ -16,10 +16,10 @@ D1, D2 = dt.date(2026, 1, 1), dt.date(2026, 1, 2)
 
 @pytest.fixture
 def table(spark: Any, tmp_path: Path) -> Path:
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import StructType
 
     path = tmp_path / "raw"
-    lake_spark.ensure_table(spark, path, _parse_datatype_string(SCHEMA), ["event_date"])
+    lake_spark.ensure_table(spark, path, StructType.fromDDL(SCHEMA), ["event_date"])
     return path
 
 
@@ -28,9 +28,9 @@ def rows(spark: Any, path: Path) -> list[tuple[Any, ...]]:
 
 
 def test_ensure_table_is_idempotent_and_partitions(spark: Any, table: Path) -> None:
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import StructType
 
-    lake_spark.ensure_table(spark, table, _parse_datatype_string(SCHEMA), ["event_date"])
+    lake_spark.ensure_table(spark, table, StructType.fromDDL(SCHEMA), ["event_date"])
     assert lake_spark.version(spark, table) == 0
     detail = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()
     assert detail["partitionColumns"] == ["event_date"]
