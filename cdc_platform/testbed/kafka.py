@@ -298,7 +298,9 @@ def consume(
 ) -> list[Record]:
     """Read `topics` from the beginning until `until(records)` holds; a timeout raises with what arrived.
 
-    Topics that do not exist yet are waited for (a connector creates them on its first event)."""
+    Topics that do not exist yet are waited for (a connector creates them on its first event). Records
+    come once each, in offset order per partition: a rebalance (a subscribed topic appearing) makes the
+    consumer fetch again from the start, and those repeats are dropped here."""
     from confluent_kafka import Consumer, KafkaError
 
     consumer = Consumer(
@@ -312,6 +314,7 @@ def consume(
         }
     )
     records: list[Record] = []
+    seen: set[tuple[str, int, int]] = set()
     try:
         consumer.subscribe(list(topics))
         deadline = time.monotonic() + timeout
@@ -328,7 +331,10 @@ def consume(
                 if msg.error().code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._PARTITION_EOF):
                     continue
                 raise TestbedError(f"test bed: consumer error: {msg.error()}")
-            records.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value()))
+            where = (msg.topic(), msg.partition(), msg.offset())
+            if where not in seen:
+                seen.add(where)
+                records.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value()))
         return records
     finally:
         consumer.close()
