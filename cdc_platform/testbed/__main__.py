@@ -25,7 +25,7 @@ def _print_endpoints(state: dict, state_dir: Path) -> None:
     print(f"  PostgreSQL        {ep['postgres']}   (wal_level=logical; superuser postgres/postgres)")
     print(f"  MariaDB           {ep['mariadb']}   (binlog ROW, FULL images, GTIDs)")
     print(f"  folder            {state['root']}   (logs: */*.log)")
-    print(f"  shell variables   . {state_dir / 'env'}")
+    print(f"  shell variables   . {state_dir / 'env'}   (then: psql; mariadb -u cdc cdc)")
 
 
 def _write_env(state: dict, state_dir: Path) -> None:
@@ -39,6 +39,7 @@ def _write_env(state: dict, state_dir: Path) -> None:
         "export PGHOST=127.0.0.1",
         f"export PGPORT={ports['postgres']}",
         "export PGUSER=cdc PGPASSWORD=cdc PGDATABASE=cdc",
+        f"export MYSQL_HOST=127.0.0.1 MYSQL_TCP_PORT={ports['mariadb']} MYSQL_PWD=cdc",
     ]
     (state_dir / "env").write_text("\n".join(lines) + "\n", encoding="utf-8")
 

@@ -240,9 +240,18 @@ def state_status(state: dict[str, Any]) -> dict[str, bool]:
 
 
 def stop_state(state: dict[str, Any]) -> None:
-    order = ["kafka connect", "kafka broker", "mariadb", "postgresql"]
+    """Stop the process groups a state file names: Connect first, then the others together."""
     services = state.get("services", {})
-    for name in sorted(services, key=lambda n: order.index(n) if n in order else len(order)):
+
+    def stop(name: str) -> None:
         svc = services[name]
         if svc.get("pid"):
             stop_group(int(svc["pid"]), signal.Signals(int(svc.get("stop_signal", signal.SIGTERM))))
+
+    if "kafka connect" in services:
+        stop("kafka connect")
+    threads = [threading.Thread(target=stop, args=(name,)) for name in services if name != "kafka connect"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
