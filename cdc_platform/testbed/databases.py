@@ -36,7 +36,8 @@ def _hand_over(path: Path, user: str | None) -> None:
     if probe.returncode != 0:
         raise TestbedError(
             f"test bed: user {user!r} cannot write {path} (a parent folder is not searchable by others); "
-            "set CDC_TESTBED_DIR to a folder under /tmp"
+            "put the bed elsewhere: CDC_TESTBED_DIR=/tmp/... for the tests, "
+            "`python -m cdc_platform.testbed start --dir /tmp/...` instead of make stack"
         )
 
 

@@ -41,6 +41,7 @@ class Stack:
     postgres: Postgres
     mariadb: MariaDB
     timings: dict[str, float] = field(default_factory=dict)
+    _die_with_parent: bool = field(default=True, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -69,6 +70,7 @@ class Stack:
             mariadb=MariaDB(root / "mariadb", maria_port, programs.mariadb_install_db, programs.mariadbd, user=programs.mariadb_user),
         )
         stack.timings["install"] = t_installed - t0
+        stack._die_with_parent = die_with_parent
         if die_with_parent:
             atexit.register(stack.stop)
         try:
@@ -102,6 +104,20 @@ class Stack:
         self.timings["mariadb"] = time.monotonic() - t
         self.connect.wait_ready()
         self.timings["connect"] = time.monotonic() - t
+
+    # -- faults ------------------------------------------------------------------------------------------
+    def restart(self, service: str, timeout: float = 120.0) -> float:
+        """Stop one service (its whole process group, politely) and start it again on the same port with
+        the same data; returns the seconds it took. `service`: "connect", "broker", "postgres", "mariadb".
+        Connect's connectors come back by themselves (distributed mode keeps configs and offsets in Kafka).
+        Call from the thread that started the bed (the parent-death signal follows that thread)."""
+        part = {"connect": self.connect, "broker": self.broker, "postgres": self.postgres, "mariadb": self.mariadb}[service]
+        assert part.service is not None
+        t = time.monotonic()
+        part.service.stop()
+        part.launch(self._die_with_parent)
+        part.wait_ready(timeout)
+        return time.monotonic() - t
 
     # -- stop --------------------------------------------------------------------------------------------
     def services(self) -> list[Service]:
@@ -194,7 +210,8 @@ class Stack:
     def wait_streaming(self, connector_config: dict[str, Any], timeout: float = 60.0) -> None:
         """After `connect.register`: wait until the connector reads the database's log (PostgreSQL: its
         slot is active; MariaDB: a binlog dump is attached), so a change made now is streamed, not
-        snapshotted."""
+        snapshotted. (MariaDB's check is "a binlog reader is attached": with two MariaDB connectors
+        running, it cannot tell which.)"""
         if connector_config["connector.class"] == POSTGRES_CONNECTOR:
             slot = connector_config["slot.name"]
             assert self.postgres.service is not None

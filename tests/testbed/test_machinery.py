@@ -102,7 +102,9 @@ def test_a_service_that_never_answers_times_out_with_one_line(tmp_path: Path) ->
         svc.stop()
 
 
-def test_servers_die_with_the_process_that_started_them(tmp_path: Path) -> None:
+# As root the databases run as their packages' users: the signal must survive that switch of user too.
+@pytest.mark.parametrize("user", [None, "nobody"] if os.geteuid() == 0 else [None])
+def test_servers_die_with_the_process_that_started_them(tmp_path: Path, user: str | None) -> None:
     """A test run killed with SIGKILL cannot run its teardown: the kernel's parent-death signal stops
     its servers all the same."""
     script = (
@@ -110,7 +112,7 @@ def test_servers_die_with_the_process_that_started_them(tmp_path: Path) -> None:
         "from pathlib import Path\n"
         "from cdc_platform.testbed.process import Service\n"
         f"s = Service('orphan', Path({str(tmp_path / 'orphan.log')!r}))\n"
-        "s.launch(['sleep', '300'])\n"
+        f"s.launch(['sleep', '300'], user={user!r})\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(300)\n"
     )
