@@ -104,10 +104,13 @@ def testbed() -> Iterator[Any]:
     first use (mvn, apt-get); a service that cannot be had fails these tests with one line, never skips."""
     from cdc_platform.testbed import Stack, TestbedError
 
+    failure = None
     try:
         bed = Stack.start()
     except TestbedError as err:
-        pytest.fail(str(err), pytrace=False)
+        failure = str(err)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
     try:
         yield bed
     finally:

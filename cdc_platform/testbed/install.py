@@ -94,7 +94,7 @@ def ensure_jars() -> None:
         # -U: a "not found" cached by an earlier attempt (a registry that refused an artifact that day)
         # would otherwise stick until Maven's update interval passes.
         cmd = [mvn, "-B", "-U", "-f", str(JVM_DIR / "pom.xml"), "dependency:copy-dependencies"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
         MVN_LOG.write_text(proc.stdout + proc.stderr, encoding="utf-8")
         if proc.returncode != 0:
             raise TestbedError(f"test bed: Maven could not resolve jvm/testbed: {_first_error(proc.stdout + proc.stderr)} (log: {MVN_LOG})")
@@ -135,12 +135,12 @@ def _apt_install(packages: tuple[str, ...]) -> None:
     TARGET.mkdir(parents=True, exist_ok=True)
     with APT_LOG.open("a", encoding="utf-8") as log:
         for cmd in (
-            ["apt-get", "update", "-q"],
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+            ["apt-get", "-o", "DPkg::Lock::Timeout=300", "update", "-q"],
+            ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "--no-install-recommends", *packages],
         ):
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, check=False)
             if proc.returncode != 0:
                 tail = [line for line in APT_LOG.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
                 raise TestbedError(f"test bed: `{' '.join(cmd)}` failed: {tail[-1] if tail else 'no output'} (log: {APT_LOG})")

@@ -109,7 +109,7 @@ def run(cmd: Sequence[str], log: Path, *, user: str | None = None, what: str, ti
         except subprocess.TimeoutExpired:
             raise TestbedError(f"test bed: {what} took more than {timeout:.0f} s (log: {log})") from None
     if proc.returncode != 0:
-        raise TestbedError(f"test bed: {what} failed (exit {proc.returncode}): {log_tail(log)} (log: {log})")
+        raise TestbedError(f"test bed: {what} failed (exit {proc.returncode}): {log_tail(log, 2)} (log: {log})")
 
 
 @dataclass
