@@ -141,10 +141,15 @@ def _tx_id(change: dict[str, Any]) -> str | None:
 def _done(source: Source) -> Callable[[list[Record]], bool]:
     expected_changes = len(INITIAL) + len(TX_A) + len(TX_B)
 
+    expected_tombstones = sum(op == "d" for op in TX_A_OPS + TX_B_OPS)
+
     def done(records: list[Record]) -> bool:
+        # Every kind counted: the last delete's tombstone may arrive after the last END marker, which
+        # travels on another topic.
         changes = [r for r in records if r.topic == source.topic and r.value is not None]
+        tombstones = [r for r in records if r.topic == source.topic and r.value is None]
         ends = [r for r in records if r.topic == source.tx_topic and r.json_value()["payload"]["status"] == "END"]
-        return len(changes) >= expected_changes and len(ends) >= 2
+        return len(changes) >= expected_changes and len(tombstones) >= expected_tombstones and len(ends) >= 2
 
     return done
 
