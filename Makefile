@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The JVM jars Spark loads beside pyspark's (jvm/pom.xml), resolved by mvn; the manifest is the stamp.
 JARS_STAMP := jvm/jars/manifest.json
 
-.PHONY: setup demo test ui clean check-java
+.PHONY: setup demo test ui clean check-java testbed stack stack-status stack-stop
 
 check-java:
 	@$(PYTHON) scripts/check_java.py
@@ -35,6 +35,21 @@ ui: setup
 	@mkdir -p .dagster_home && cp dagster_project/dagster.yaml .dagster_home/dagster.yaml
 	@test -f .cdc-demo/cdc.yaml || $(BIN)/cdc generate --out .cdc-demo
 	@DAGSTER_HOME=$(CURDIR)/.dagster_home $(BIN)/dagster dev -w workspace.yaml
+
+# The test bed (Kafka, Kafka Connect + Debezium, PostgreSQL, MariaDB on loopback; README "Test bed").
+# `testbed` resolves jvm/testbed with mvn and apt-installs the database servers when missing; the tests'
+# fixture does the same on first use. State of a user's stack: .stack/ (gitignored).
+testbed: setup
+	@$(BIN)/python -m cdc_platform.testbed install
+
+stack: testbed
+	@$(BIN)/python -m cdc_platform.testbed start
+
+stack-status:
+	@$(BIN)/python -m cdc_platform.testbed status
+
+stack-stop:
+	@$(BIN)/python -m cdc_platform.testbed stop
 
 clean:
 	rm -rf .cdc-demo .dagster_home .pytest_cache

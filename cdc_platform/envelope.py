@@ -343,7 +343,7 @@ def _binlog_index(file: str) -> int:
 def _position(connector: str, src: Mapping[str, Any], source_ms: int | None, tx_order: int | None) -> tuple[str, str]:
     if connector == "postgresql" and src.get("lsn") is not None:
         return f"{_as_int(src.get('lsn'), 'source.lsn'):020d}", "pg_lsn"
-    if connector == "mysql" and (pos := src.get("pos")) is not None:
+    if connector in ("mysql", "mariadb") and (pos := src.get("pos")) is not None:  # Debezium's MariaDB connector: same binlog fields
         file_index = _binlog_index(str(src.get("file") or ""))
         pos = _as_int(pos, "source.pos") or 0
         row = _as_int(src.get("row"), "source.row") or 0

@@ -105,3 +105,24 @@ def query(spark: Any) -> Callable[[PlatformConfig | Path, str], list[dict[str, A
         return [r.asDict(recursive=True) for r in spark.sql(sql).collect()]
 
     return q
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Any]:
+    """The real test bed (issue 11): Kafka broker, Kafka Connect with Debezium, PostgreSQL and MariaDB on
+    run-time loopback ports; started once for the tests that ask for it, stopped at the end of the
+    session whatever the tests did (and by the kernel if pytest itself dies). Installs what is missing on
+    first use (mvn, apt-get); a service that cannot be had fails these tests with one line, never skips."""
+    from cdc_platform.testbed import Stack, TestbedError
+
+    failure = None
+    try:
+        bed = Stack.start()
+    except TestbedError as err:
+        failure = str(err)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+    try:
+        yield bed
+    finally:
+        bed.stop()

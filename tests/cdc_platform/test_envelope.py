@@ -114,6 +114,7 @@ def test_mysql_binlog_position_orders_across_files() -> None:
         ("sqlserver", {"commit_lsn": "0000002b:00000420:0003", "change_lsn": "0000002b:00000420:0002", "event_serial_no": 1}, "sqlserver_lsn"),
         ("oracle", {"scn": "1234567"}, "oracle_scn"),
         ("mongodb", {"ord": 3}, "mongodb_oplog"),
+        ("mariadb", {"file": "testbed-bin.000001", "pos": 1563, "row": 0, "gtid": "0-1-6"}, "mysql_binlog"),
         ("db2", {}, "source_ts_fallback"),
     ],
 )

@@ -1,0 +1,199 @@
+"""Processes of the test bed: run-time loopback ports, start in a process group of their own, health
+waits that notice a dead process, and stop of the whole group (a polite signal, then SIGKILL)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdc_platform.testbed.errors import TestbedError
+
+HOST = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports the OS has just handed out (held together, so no two are equal)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((HOST, 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def port_open(port: int, host: str = HOST) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    """preexec_fn: the kernel sends `sig` to the child when the thread that started it dies (even SIGKILL)."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+    def setup() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+    return setup
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(pgid: int, sig: int = signal.SIGTERM, timeout: float = 20.0, reap: Callable[[], Any] | None = None) -> None:
+    """Send `sig` to the process group, wait until it is gone, then SIGKILL whatever is left."""
+    deadline = time.monotonic() + timeout
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return
+    while time.monotonic() < deadline:
+        if reap is not None:
+            reap()  # our own child: a zombie still counts as a member of the group until reaped
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for _ in range(50):
+        if reap is not None:
+            reap()
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+
+
+def log_tail(path: Path, lines: int = 1) -> str:
+    """The last non-blank line(s) of a log, for an error message of one line."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "no log"
+    found = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(found[-lines:]) if found else "empty log"
+
+
+def run(cmd: Sequence[str], log: Path, *, user: str | None = None, what: str, timeout: float = 300.0, env: dict[str, str] | None = None) -> None:
+    """Run a set-up command to completion, output to `log`; a failure raises one line."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"$ {' '.join(cmd)}\n".encode())
+        out.flush()
+        try:
+            proc = subprocess.run(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, user=user, env=env, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise TestbedError(f"test bed: {what} took more than {timeout:.0f} s (log: {log})") from None
+    if proc.returncode != 0:
+        raise TestbedError(f"test bed: {what} failed (exit {proc.returncode}): {log_tail(log, 2)} (log: {log})")
+
+
+@dataclass
+class Service:
+    """One long-running server process, leader of its own process group."""
+
+    name: str
+    log: Path
+    stop_signal: int = signal.SIGTERM
+    pid: int | None = None
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def launch(
+        self,
+        cmd: Sequence[str],
+        *,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            out.write(f"$ {' '.join(cmd)}\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(
+                list(cmd),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # own session and process group: stopped as a whole
+                user=user,
+                env=env,
+                cwd=cwd,
+                preexec_fn=_die_with_parent(self.stop_signal) if die_with_parent else None,
+            )
+        self.pid = self.popen.pid
+
+    def _reap(self) -> None:
+        if self.popen is not None:
+            self.popen.poll()
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        self._reap()
+        if self.popen is not None and self.popen.returncode is not None:
+            return False
+        return group_alive(self.pid)
+
+    def exit_code(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def wait_until(self, check: Callable[[], bool], what: str, timeout: float) -> None:
+        """Poll `check` until it is true; fail at once (one line) if the process dies, or at the timeout."""
+        deadline = time.monotonic() + timeout
+        last_error: BaseException | None = None
+        while True:
+            if self.pid is not None and not self.alive():
+                code = self.exit_code()
+                raise TestbedError(
+                    f"test bed: {self.name} exited{'' if code is None else f' with code {code}'} while {what}: "
+                    f"{log_tail(self.log)} (log: {self.log})"
+                )
+            try:
+                if check():
+                    return
+                last_error = None
+            except Exception as exc:  # a health check that cannot connect yet
+                last_error = exc
+            if time.monotonic() > deadline:
+                detail = f"; last error: {type(last_error).__name__}: {str(last_error).splitlines()[0] if str(last_error) else ''}" if last_error else ""
+                raise TestbedError(f"test bed: {self.name} not ready after {timeout:.0f} s ({what}){detail} (log: {self.log})")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.pid is None:
+            return
+        stop_group(self.pid, self.stop_signal, timeout, reap=self._reap)
+        self._reap()
+
+    def state(self) -> dict[str, Any]:
+        return {"pid": self.pid, "log": str(self.log), "stop_signal": int(self.stop_signal)}
+
+    @classmethod
+    def from_state(cls, name: str, state: dict[str, Any]) -> Service:
+        return cls(name=name, log=Path(state["log"]), stop_signal=signal.Signals(state["stop_signal"]), pid=state["pid"])
