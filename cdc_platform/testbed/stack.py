@@ -25,7 +25,6 @@ from typing import Any
 
 from cdc_platform.testbed import install
 from cdc_platform.testbed.databases import DATABASE, PASSWORD, USER, MariaDB, Postgres
-from cdc_platform.testbed.errors import TestbedError
 from cdc_platform.testbed.kafka import MARIADB_CONNECTOR, POSTGRES_CONNECTOR, Broker, Connect
 from cdc_platform.testbed.process import HOST, Service, free_ports, group_alive, stop_group
 

@@ -8,16 +8,28 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "cdc_platform"
 
 
+def _is_module(root: Path, dotted: str) -> bool:
+    path = root.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the package modules it imports, at the top or inside a function (both bind at run time)."""
+    """Module -> the package modules it imports, at the top or inside a function (both bind at run time).
+
+    `from package import submodule` depends on the submodule; a package's own `__init__` importing its
+    submodules is then no cycle, while `from package import name` (a name the `__init__` defines) is.
+    """
     modules: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
         name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
-                deps.add(node.module)
-                deps.update(f"{node.module}.{alias.name}" for alias in node.names)
+                named = {f"{node.module}.{alias.name}" for alias in node.names}
+                submodules = {n for n in named if _is_module(root, n)}
+                deps.update(submodules)
+                if named - submodules:  # a name defined in the module itself, not one of its submodules
+                    deps.add(node.module)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names if alias.name.startswith(root.name))
         modules[name] = deps
