@@ -9,7 +9,6 @@ Kafka consumer. The tests check that capture and then feed it to `IngestJob` as 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
