@@ -360,13 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # also when started in the background, where a shell ignores SIGINT
     print(f"master {cluster.master_url}  (web UI {cluster.web_url}, {args.workers} workers, logs {cluster.work_dir}); Ctrl-C stops it", flush=True)
     print(f"try: cdc run --config cdc.yaml --master {cluster.master_url}", flush=True)
     try:
         while not stop["now"]:
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
     finally:
         cluster.stop()
     return 0
