@@ -164,12 +164,11 @@ def run_config(w: Any, workers: int, args: argparse.Namespace, label: str) -> di
 
 def inspect(spark: Any, lake_dir: Path) -> dict[str, Any]:
     """Rows per table and full view, and where each batch's time went (pipeline_metrics), through the public views."""
-    from cdc_platform import lake
     from cdc_platform.views import register_lake
 
     names = register_lake(spark, lake_dir)
-    wanted = [*lake.lake_tables(lake_dir), *(n for n in names if n.endswith("__full_view"))]
-    counts = {n: spark.sql(f"SELECT count(*) AS n FROM {lake.quote_identifier(n)}").collect()[0]["n"] for n in wanted if n != "pipeline_metrics"}
+    wanted = [n for n in names if ("__" not in n or n.endswith("__full_view")) and n != "pipeline_metrics"]
+    counts = {n: spark.sql(f"SELECT count(*) AS n FROM `{n}`").collect()[0]["n"] for n in wanted}
     rows = [r.asDict(recursive=True) for r in spark.sql(
         "SELECT batch_id, started_at, finished_at, rows_read, stage_seconds FROM pipeline_metrics ORDER BY batch_id"
     ).collect()]

@@ -9,8 +9,8 @@ run `cdc run --master spark://...` against it:
 Every server is `bin/spark-class` of the installed pyspark (`org.apache.spark.deploy.master.Master`,
 `...worker.Worker`), listens on 127.0.0.1 only, on ports the OS handed out free at start (master RPC, master
 web UI, each worker's RPC and web UI; the master's REST submission server, fixed at 6066 by default, is off).
-Each worker offers one core and `memory` (default 1g) and runs executors with this interpreter
-(`PYSPARK_PYTHON`). The cluster is healthy when the master's JSON status lists every worker ALIVE. Each server
+Each worker offers one core and `memory` (default 1g) to executors; the Python they run is the driver's
+choice (the platform's session makes it the driver's own interpreter), this machine's venv here. The cluster is healthy when the master's JSON status lists every worker ALIVE. Each server
 leads its own process group, which `stop()` ends whole (executors and their Python workers with it): SIGTERM,
 then SIGKILL after a grace period. On Linux the servers also get SIGTERM when the thread that started them
 dies, so a killed test run leaves no cluster behind.
@@ -246,6 +246,9 @@ class LocalCluster:
                 last = exc
                 if not isinstance(exc, _ServerExited):
                     break  # a timeout will not go away on other ports
+            except BaseException:  # anything else (Ctrl-C included): leave no server behind
+                self._stop_servers()
+                raise
         assert last is not None
         raise last
 
@@ -310,7 +313,7 @@ class LocalCluster:
             try:
                 if check():
                     return
-            except OSError as exc:  # the master's web UI is not up yet
+            except (OSError, ValueError) as exc:  # the master's web UI is not up yet, or answered half a page
                 last_error = f"; last error: {exc}"
             if time.monotonic() > deadline:
                 raise ClusterError(

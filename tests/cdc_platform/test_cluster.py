@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from cdc_platform import lake
 from cdc_platform.config import load_config
 from cdc_platform.generate import generate_workload
 from cdc_platform.ingest import IngestJob
@@ -31,6 +30,10 @@ from cdc_platform.views import register_lake
 
 REPO = Path(__file__).resolve().parents[2]
 METRIC_TOTALS = ("rows_read", "change_events", "markers", "tombstones", "dead_letters", "duplicates_skipped")
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def volatile(column: str) -> bool:
@@ -56,14 +59,14 @@ def lake_contents(spark: Any, lake_dir: Path) -> tuple[dict[str, collections.Cou
     contents: dict[str, collections.Counter[tuple[Any, ...]]] = {}
     totals: dict[str, int] = {}
     names = register_lake(spark, lake_dir)
-    for name in [*lake.lake_tables(lake_dir), *(n for n in names if n.endswith("__full_view"))]:
-        columns = [c for c in spark.table(lake.quote_identifier(name)).columns if not volatile(c)]
+    for name in [n for n in names if "__" not in n or n.endswith("__full_view")]:  # tables as readers see them, full views
+        columns = [c for c in spark.table(quote(name)).columns if not volatile(c)]
         if name == "pipeline_metrics":
             sums = ", ".join(f"sum({c}) AS {c}" for c in METRIC_TOTALS)
             totals = spark.sql(f"SELECT {sums} FROM pipeline_metrics").collect()[0].asDict()
             continue
-        select = ", ".join(lake.quote_identifier(c) for c in columns)
-        rows = spark.sql(f"SELECT {select} FROM {lake.quote_identifier(name)}").collect()
+        select = ", ".join(quote(c) for c in columns)
+        rows = spark.sql(f"SELECT {select} FROM {quote(name)}").collect()
         contents[name] = collections.Counter(tuple(_canon(v) for v in row) for row in rows)
     return contents, totals
 
