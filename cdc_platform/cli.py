@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cdc_platform.config import PlatformConfig, load_config
+from cdc_platform.config import PlatformConfig, check_spark_master, load_config
 from cdc_platform.errors import CdcError
 
 DEMO_DIR = Path(".cdc-demo")
@@ -26,15 +26,18 @@ def _say(message: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> PlatformConfig:
-    return load_config(args.config, landing=getattr(args, "landing", None), lake=getattr(args, "lake", None))
+    return load_config(
+        args.config, landing=getattr(args, "landing", None), lake=getattr(args, "lake", None), spark_master=getattr(args, "master", None)
+    )
 
 
-def _spark(announce: bool = True) -> Any:
-    from cdc_platform.session import get_spark
+def _spark(master: str | None = None, announce: bool = True) -> Any:
+    from cdc_platform.session import DEFAULT_MASTER, get_spark, submitted
 
     if announce:
-        _say("starting Spark (local) ...")
-    return get_spark()
+        where = master or ("spark-submit's master" if submitted() else DEFAULT_MASTER)
+        _say(f"starting Spark ({where}) ...")
+    return get_spark(master=master)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -42,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cdc_platform.stage import RAW
 
     config = _config(args)
-    spark = _spark()
+    spark = _spark(config.spark_master)
     job = IngestJob(config, progress=_say)
     report = job.run_available_now(spark)
     landed = report.landed()
@@ -58,7 +61,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from cdc_platform.ingest import IngestJob
 
     config = _config(args)
-    spark = _spark()
+    spark = _spark(config.spark_master)
     job = IngestJob(config, progress=_say)
     interval = args.trigger_interval or config.trigger_interval
     _say(f"streaming {config.landing} -> {config.lake} every {interval}; Ctrl-C to stop")
@@ -112,7 +115,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from cdc_platform.views import register_lake
 
     lake_dir = Path(args.lake).resolve()
-    spark = _spark(announce=args.format == "table")
+    spark = _spark(check_spark_master(args.master), announce=args.format == "table")
     register_lake(spark, lake_dir)
     df = spark.sql(args.query)
     rows = [tuple(r) for r in df.collect()]
@@ -221,12 +224,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--landing", help="landing directory of JSON-lines files (overrides the config)")
         p.add_argument("--lake", help="lake directory of Delta tables (overrides the config)")
 
+    def add_master(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--master",
+            help="Spark master URL, e.g. spark://host:7077 (overrides the config's spark_master; default local[2], or spark-submit's)",
+        )
+
     p = sub.add_parser("run", help="process everything that has landed, then exit")
     add_paths(p)
+    add_master(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("stream", help="run the streaming job continuously")
     add_paths(p)
+    add_master(p)
     p.add_argument("--trigger-interval", help="micro-batch interval, e.g. '2 seconds' (default: config, 5 seconds)")
     p.add_argument("--timeout", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.set_defaults(func=cmd_stream)
@@ -234,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="run Spark SQL over the lake's tables and views")
     p.add_argument("--lake", required=True, help="lake directory")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    add_master(p)
     p.add_argument("query")
     p.set_defaults(func=cmd_sql)
 

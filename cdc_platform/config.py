@@ -50,6 +50,7 @@ _TOP_KEYS = {
     "transaction_retention",
     "snapshots",
     "freshness_slo",
+    "spark_master",
 }
 _TABLE_KEYS = {"key", "mask", "name", "mask_mode", "mask_salt_env", "history", "tombstone_retention"}
 MASK_MODES = ("hash", "remove")
@@ -57,6 +58,12 @@ DEFAULT_MASK_SALT_ENV = "CDC_MASK_SALT"
 DEFAULT_TOMBSTONE_RETENTION = 7 * 86_400.0  # seconds: how long a delete keeps stale changes out
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|seconds?|m|minutes?|h|hours?|d|days?)$")
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": 86_400.0}
+#: Spark master URLs: local[N], a standalone cluster spark://host:port[,host:port], yarn, k8s://..., local-cluster[...].
+SPARK_MASTER_RE = re.compile(
+    r"^(local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+    r"|spark://[A-Za-z0-9.\-\[\]:]+:\d+(,[A-Za-z0-9.\-\[\]:]+:\d+)*|yarn|k8s://\S+)$"
+)
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,8 @@ class PlatformConfig:
     transaction_retention: float | None = None
     snapshots: Path | None = None  # backfill snapshots, `<snapshots>/<table name>/`; default `<config dir>/snapshots`
     freshness_slo: float = 900.0  # seconds from a source commit to the lake before the freshness check fails
+    #: Where Spark runs: None is spark-submit's --master when submitted, else local[2]; or spark://host:port, yarn, ...
+    spark_master: str | None = None
     source_file: Path | None = field(default=None, compare=False)
 
     @property
@@ -187,6 +196,7 @@ def load_config(
     *,
     landing: str | os.PathLike[str] | None = None,
     lake: str | os.PathLike[str] | None = None,
+    spark_master: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> PlatformConfig:
     """Load the YAML file (if any) and apply flag overrides; raise `ConfigError` naming the bad entry."""
@@ -207,7 +217,7 @@ def load_config(
         raw = loaded
         base = config_path.resolve().parent
     where = str(config_path) if config_path else "flags"
-    return parse_config(raw, base=base, where=where, landing=landing, lake=lake, source_file=config_path)
+    return parse_config(raw, base=base, where=where, landing=landing, lake=lake, spark_master=spark_master, source_file=config_path)
 
 
 def parse_config(
@@ -217,6 +227,7 @@ def parse_config(
     where: str = "config",
     landing: str | os.PathLike[str] | None = None,
     lake: str | os.PathLike[str] | None = None,
+    spark_master: str | None = None,
     source_file: Path | None = None,
 ) -> PlatformConfig:
     unknown = sorted(set(raw) - _TOP_KEYS)
@@ -224,13 +235,19 @@ def parse_config(
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TOP_KEYS))}")
 
     def path_of(key: str, override: str | os.PathLike[str] | None) -> Path | None:
-        if override is not None:
-            return Path(override).resolve()
-        value = raw.get(key)
+        value = raw.get(key) if override is None else os.fspath(override)
         if value is None:
             return None
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: `{key}` must be a path string")
+        if _URL_RE.match(value):  # Path() would quietly make "s3a://b/x" a local folder "s3a:/b/x"
+            raise ConfigError(
+                f"{where}: `{key}` is a URL ({value}); this version reads and writes {key} as a filesystem path (the driver "
+                "commits with delta-rs on local paths), so on a cluster use a path every machine mounts at the same place; "
+                "see the README, 'On a cluster'"
+            )
+        if override is not None:
+            return Path(value).resolve()
         p = Path(value)
         return (p if p.is_absolute() else base / p).resolve()
 
@@ -271,6 +288,10 @@ def parse_config(
             f"{where}: `transaction_retention` must be a number of seconds at least `transaction_timeout` ({timeout}), got {retention!r}"
         )
 
+    master = check_spark_master(
+        spark_master if spark_master is not None else raw.get("spark_master"), "--master" if spark_master is not None else f"{where}: `spark_master`"
+    )
+
     return PlatformConfig(
         landing=landing_path,
         lake=lake_path,
@@ -283,8 +304,18 @@ def parse_config(
         transaction_retention=None if retention is None else float(retention),
         snapshots=path_of("snapshots", None) or (base / "snapshots").resolve(),
         freshness_slo=float(slo),
+        spark_master=master,
         source_file=source_file,
     )
+
+
+def check_spark_master(value: Any, where: str = "--master") -> str | None:
+    """A Spark master URL (local[N], spark://host:port, yarn, k8s://...), or None; a typo fails here, not in the JVM."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not SPARK_MASTER_RE.match(value.strip()):
+        raise ConfigError(f"{where} must be a Spark master URL such as local[2], spark://host:7077 or yarn, got {value!r}")
+    return value.strip()
 
 
 def _parse_tables(raw_tables: Any, where: str) -> tuple[TableConfig, ...]:

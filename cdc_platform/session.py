@@ -1,4 +1,5 @@
-"""The Spark session: local by default, quiet, and refusing early when Java or the JVM jars are missing.
+"""The Spark session: local by default (or the config's `spark_master`), quiet, and refusing early when
+Java or the JVM jars are missing.
 
 One session per process. Spark's first start costs about five seconds here, so the CLI, the tests
 (one session-scoped fixture) and Dagster resources all reuse `get_spark()`.
@@ -20,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc_platform.errors import EnvironmentNotReadyError
+from cdc_platform.errors import ConfigError, EnvironmentNotReadyError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,11 +94,39 @@ def platform_jars(jars_dir: Path | None = None) -> list[Path]:
 
 _SESSION: SparkSession | None = None
 
+#: Where Spark runs when neither the config (`spark_master`), a flag (`--master`) nor spark-submit says.
+DEFAULT_MASTER = "local[2]"
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def submitted() -> bool:
+    """True inside `spark-submit`, whose JVM is already up and carries its own --master (PySpark's own test)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def loopback_standalone(master: str) -> bool:
+    """A standalone master on this machine's loopback, e.g. the one `cdc_platform.cluster` starts."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [hp.rsplit(":", 1)[0] for hp in master[len("spark://") :].split(",")]
+    return all(h in _LOOPBACK_HOSTS for h in hosts)
+
 
 def get_spark(app_name: str = "cdc-platform", master: str | None = None) -> SparkSession:
-    """The process-wide session: local[2], UI off, two shuffle partitions, UTC, log noise off, Delta on."""
+    """The process-wide session: UI off, two shuffle partitions, UTC, log noise off, Delta on.
+
+    `master` comes from the config (`spark_master`, or `--master`); None means spark-submit's master when
+    the process was submitted, else `local[2]`. A process holds one session, so asking for another master
+    than the running session's is an error rather than a silent fallback.
+    """
     global _SESSION
     if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
+        running = _SESSION.sparkContext.master
+        if master is not None and master != running:
+            raise ConfigError(
+                f"this process already runs a Spark session on {running}; a second one on {master} is not possible "
+                "(one SparkContext per process): run the command in a process of its own"
+            )
         return _SESSION
     require_java()
     jars = platform_jars()
@@ -108,10 +137,16 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None) -> Spar
     os.environ.setdefault("SPARK_CONF_DIR", str(resources.files("cdc_platform").joinpath("spark_conf")))
     from pyspark.sql import SparkSession
 
+    if master is None and not submitted():
+        master = DEFAULT_MASTER
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:  # under spark-submit with no master configured, its --master stands
+        builder = builder.master(master)
+    if master is not None and loopback_standalone(master):
+        # Executors of a cluster on this machine's loopback reach the driver there, whatever the host name resolves to.
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("CDC_SPARK_MASTER", "local[2]"))
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")

@@ -31,7 +31,7 @@ class CdcResource(ConfigurableResource):
     def spark(self) -> SparkSession:
         from cdc_platform.session import get_spark
 
-        return get_spark("cdc-dagster")
+        return get_spark("cdc-dagster", master=self.config.spark_master)
 
     @property
     def lake(self) -> Path:

@@ -40,6 +40,23 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone cluster on loopback (master + two one-core workers), started once and stopped whole.
+
+    Started only by the tests that ask for it. It cannot share this process with the `spark` fixture's
+    local session (one SparkContext per process), so tests drive it from a `python -m cdc_platform` child.
+    """
+    from cdc_platform.cluster import LocalCluster
+
+    cluster = LocalCluster(workers=2, cores=1, memory="1g", work_dir=tmp_path_factory.mktemp("spark-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def peer_files() -> dict[str, Path]:
     for path in (SCHEMA_EXCLUDE, REPLICA_IDENTITY):
         if not path.is_file():

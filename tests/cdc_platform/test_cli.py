@@ -94,3 +94,23 @@ def test_old_java_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(EnvironmentNotReadyError, match="Java 8, older than 17"):
         require_java()
+
+
+def test_master_flag_reaches_the_config_and_a_second_master_is_refused(tmp_path: Path, spark, capsys) -> None:
+    from cdc_platform.cli import _config, build_parser
+    from cdc_platform.session import get_spark, loopback_standalone
+
+    config = tmp_path / "cdc.yaml"
+    config.write_text("landing: landing\nlake: lake\nspark_master: spark://10.0.0.5:7077\n")
+    for command in ("run", "stream"):
+        args = build_parser().parse_args([command, "--config", str(config), "--master", "spark://127.0.0.1:7077"])
+        assert _config(args).spark_master == "spark://127.0.0.1:7077"
+    assert _config(build_parser().parse_args(["run", "--config", str(config)])).spark_master == "spark://10.0.0.5:7077"
+    assert loopback_standalone("spark://127.0.0.1:7077") and loopback_standalone("spark://localhost:1,127.0.0.1:2")
+    assert not loopback_standalone("spark://10.0.0.5:7077") and not loopback_standalone("local[2]")
+    # This process holds the suite's local session: another master needs a process of its own, and says so.
+    assert get_spark(master=spark.sparkContext.master) is spark
+    assert main(["sql", "--lake", str(tmp_path), "--master", "spark://127.0.0.1:7077", "SELECT 1"]) == 2
+    assert "a second one on spark://127.0.0.1:7077 is not possible" in capsys.readouterr().err
+    assert main(["sql", "--lake", str(tmp_path), "--master", "spark:/x", "SELECT 1"]) == 2
+    assert "--master must be a Spark master URL" in capsys.readouterr().err

@@ -72,6 +72,10 @@ def test_flags_override_the_file_and_the_env_var_names_the_file(tmp_path: Path) 
         ("lake: k\n", "no landing directory"),
         ("- a\n- b\n", "mapping at the top level"),
         ("landing: [\n", "not valid YAML"),
+        ("landing: l\nlake: k\nspark_master: spark:/host:7077\n", "`spark_master` must be a Spark master URL"),
+        ("landing: l\nlake: k\nspark_master: spark://host\n", "`spark_master` must be a Spark master URL"),
+        ("landing: l\nlake: s3a://bucket/lake\n", "`lake` is a URL (s3a://bucket/lake)"),
+        ("landing: s3://bucket/landing\nlake: k\n", "`landing` is a URL"),
     ],
 )
 def test_rejections_name_the_offending_entry(tmp_path: Path, text: str, message: str) -> None:
@@ -83,3 +87,14 @@ def test_rejections_name_the_offending_entry(tmp_path: Path, text: str, message:
 def test_missing_file_says_how_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--config FILE or set CDC_CONFIG"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_spark_master_comes_from_the_file_and_the_flag_wins(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "landing: l\nlake: k\n")).spark_master is None  # local[2], or spark-submit's
+    path = write(tmp_path, "landing: l\nlake: k\nspark_master: spark://10.0.0.5:7077\n")
+    assert load_config(path).spark_master == "spark://10.0.0.5:7077"
+    assert load_config(path, spark_master="local[4]").spark_master == "local[4]"
+    with pytest.raises(ConfigError, match="--master must be a Spark master URL"):
+        load_config(path, spark_master="spark//x:1")
+    with pytest.raises(ConfigError, match="`lake` is a URL"):
+        load_config(path, lake="s3a://bucket/lake")
