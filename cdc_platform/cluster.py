@@ -19,11 +19,9 @@ dies, so a killed test run leaves no cluster behind.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from cdc_platform.errors import EnvironmentNotReadyError
+from cdc_platform.processes import HOST, die_with_parent, free_ports, log_tail, port_open, stop_group
 
-HOST = "127.0.0.1"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-_PR_SET_PDEATHSIG = 1
 
 #: Settings every server of the cluster reads (its own SPARK_CONF_DIR, so a user's or the CLI's does not leak in).
 #: maxRetries 0: a port taken between the OS handing it out and the server binding it fails the start (and it is
@@ -75,60 +72,6 @@ def spark_home() -> Path:
     return home
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports the OS has just handed out (held together, so no two are equal)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((HOST, 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """preexec_fn: the kernel sends SIGTERM to the server when the thread that started it dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def setup() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-    return setup
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _port_open(port: int | None) -> bool:
-    if port is None:
-        return False
-    try:
-        with socket.create_connection((HOST, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _log_tail(path: Path, lines: int = 3) -> str:
-    try:
-        found = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "no log"
-    return " | ".join(found[-lines:]) if found else "empty log"
-
-
 @dataclass
 class Server:
     """One server process (master or worker), leader of its own process group."""
@@ -147,7 +90,7 @@ class Server:
             out.flush()
             self.popen = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                start_new_session=True, preexec_fn=_die_with_parent(),
+                start_new_session=True, preexec_fn=die_with_parent(),
             )
 
     def exited(self) -> int | None:
@@ -157,20 +100,7 @@ class Server:
         """SIGTERM to the whole group (the worker's executors and their Python workers are in it), then SIGKILL."""
         if self.popen is None:
             return
-        pgid = self.popen.pid
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                self.popen.poll()  # reap: a zombie leader still counts as a member of its group
-                if not _group_alive(pgid):
-                    break
-                time.sleep(0.1)
-            if not _group_alive(pgid):
-                break
+        stop_group(self.popen.pid, signal.SIGTERM, timeout=grace, reap=self.popen.poll, kill_wait=10.0)
         self.popen.poll()
 
 
@@ -279,7 +209,7 @@ class LocalCluster:
         )
         self.servers = [master]
         # Workers start once the master listens: a worker that finds no master retries only 5-15 s later.
-        self._wait(lambda: _port_open(self.master_port), "the master to listen")
+        self._wait(lambda: port_open(self.master_port), "the master to listen")
         for i in range(self.workers):
             rpc, ui = ports[2 + 2 * i], ports[3 + 2 * i]
             work = run_dir / f"worker-{i + 1}"
@@ -308,7 +238,7 @@ class LocalCluster:
                 code = server.exited()
                 if code is not None:
                     raise _ServerExited(
-                        f"Spark {server.name} exited with code {code} while waiting for {what}: {_log_tail(server.log)} (log: {server.log})"
+                        f"Spark {server.name} exited with code {code} while waiting for {what}: {log_tail(server.log, 3)} (log: {server.log})"
                     )
             try:
                 if check():

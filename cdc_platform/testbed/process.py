@@ -3,10 +3,7 @@ waits that notice a dead process, and stop of the whole group (a polite signal, 
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -14,89 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cdc_platform.processes import HOST, free_ports, group_alive, log_tail, port_open, stop_group
+from cdc_platform.processes import die_with_parent as _die_with_parent
 from cdc_platform.testbed.errors import TestbedError
 
-HOST = "127.0.0.1"
-_PR_SET_PDEATHSIG = 1
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports the OS has just handed out (held together, so no two are equal)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((HOST, 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def port_open(port: int, host: str = HOST) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _die_with_parent(sig: int) -> Callable[[], None]:
-    """preexec_fn: the kernel sends `sig` to the child when the thread that started it dies (even SIGKILL)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-
-    def setup() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-
-    return setup
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_group(pgid: int, sig: int = signal.SIGTERM, timeout: float = 20.0, reap: Callable[[], Any] | None = None) -> None:
-    """Send `sig` to the process group, wait until it is gone, then SIGKILL whatever is left."""
-    deadline = time.monotonic() + timeout
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return
-    while time.monotonic() < deadline:
-        if reap is not None:
-            reap()  # our own child: a zombie still counts as a member of the group until reaped
-        if not group_alive(pgid):
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    for _ in range(50):
-        if reap is not None:
-            reap()
-        if not group_alive(pgid):
-            return
-        time.sleep(0.1)
-
-
-def log_tail(path: Path, lines: int = 1) -> str:
-    """The last non-blank line(s) of a log, for an error message of one line."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "no log"
-    found = [line.strip() for line in text.splitlines() if line.strip()]
-    return " | ".join(found[-lines:]) if found else "empty log"
-
+__all__ = ["HOST", "Service", "free_ports", "group_alive", "log_tail", "port_open", "run", "stop_group"]
 
 def run(cmd: Sequence[str], log: Path, *, user: str | None = None, what: str, timeout: float = 300.0, env: dict[str, str] | None = None) -> None:
     """Run a set-up command to completion, output to `log`; a failure raises one line."""
