@@ -148,10 +148,11 @@ class Isolation:
     probes: int = 0
 
 
-def isolate(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: str) -> Isolation:
+def isolate(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: str, failed: Exception | None = None) -> Isolation:
     """Bisect `batch` down to the single events on which `probe` raises.
 
     Halves that pass are cleared in one call, so k bad events among n cost about 2k log2(n) probes.
+    `failed` is what `probe` already raised on the whole batch, which is then not probed again.
     Raises `StageFailure` when the failure is not about events: an error of the machine or the lake,
     or more than half of a batch of several events failing one by one (a defect that fails every event).
     """
@@ -162,9 +163,11 @@ def isolate(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: s
     def sub(part: Sequence[Item]) -> ParsedBatch:
         return batch.subset([i for k, i in part if k == "event"], [i for k, i in part if k == "marker"])
 
-    def search(part: list[Item]) -> None:
-        found.probes += 1
+    def search(part: list[Item], known: Exception | None = None) -> None:
         try:
+            if known is not None:
+                raise known
+            found.probes += 1
             probe(sub(part))
             return
         except _NOT_ABOUT_EVENTS as exc:
@@ -184,7 +187,7 @@ def isolate(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: s
         search(part[mid:])
 
     if items:
-        search(items)
+        search(items, failed)
     return found
 
 
@@ -200,7 +203,7 @@ def run_stage(stage: Stage, batch: ParsedBatch, ctx: BatchContext, write_dead: C
     except _NOT_ABOUT_EVENTS as exc:
         raise StageFailure(f"the {stage.name} stage failed on batch {batch.batch_id}: {_describe(exc)}") from exc
     except Exception as first:
-        found = isolate(lambda part: stage.prepare(part, ctx), batch, stage=stage.name)
+        found = isolate(lambda part: stage.prepare(part, ctx), batch, stage=stage.name, failed=first)
         if not found.failed:
             raise StageFailure(
                 f"the {stage.name} stage failed on batch {batch.batch_id} as a whole but on no part of it "
