@@ -1211,6 +1211,10 @@ def mark_expired(state: pa.Table, transaction_ids: Sequence[str]) -> pa.Table:
 
 # --- The pipeline stage ----------------------------------------------------------------------------
 
+#: What `TransactionStage.prepare` returns for a batch whose state is already committed.
+REPLAYED = "replayed"
+
+
 class TransactionStage:
     """The pipeline stage: one aggregation step per micro-batch, plus idle-time expiry for `cdc stream`.
 
@@ -1266,8 +1270,8 @@ class TransactionStage:
         orphans = pc.unique(_arr(done.column("transaction_id")).filter(pc.is_in(_arr(done.column("transaction_id")), value_set=_arr(open_ids))))
         return mark_expired(state, orphans.to_pylist()) if len(orphans) else state
 
-    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> tuple[Step, Held] | None:
-        """One aggregation step against the committed state; None when there is nothing to commit.
+    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> tuple[Step, Held] | str | None:
+        """One aggregation step against the committed state; `REPLAYED` or None when there is nothing to commit.
 
         `step` builds new tables and leaves the held state as it was, so the job may call this again
         on parts of the batch. A batch whose state is already committed is a replay: nothing to do.
@@ -1276,16 +1280,17 @@ class TransactionStage:
         with self._lock:
             table = lake.open_table(self._path(config, OPEN_TRANSACTIONS))
             if lake.already_committed(table, ctx.app_id(OPEN_TRANSACTIONS), ctx.batch_id):
-                return None  # state is committed last: all done
+                return REPLAYED  # state is committed last: all done
             if batch.events.num_rows == 0 and batch.markers.num_rows == 0:
                 return None
             held = self._load(config, table)
             return step(held, batch.events, batch.markers, Settings.from_config(config), batch_id=ctx.batch_id, now=batch.ingested_at)
 
-    def commit(self, prepared: tuple[Step, Held] | None, ctx: BatchContext) -> StageResult:
+    def commit(self, prepared: tuple[Step, Held] | str | None, ctx: BatchContext) -> StageResult:
         if prepared is None:
-            replayed = lake.already_committed(lake.open_table(self._path(ctx.config, OPEN_TRANSACTIONS)), ctx.app_id(OPEN_TRANSACTIONS), ctx.batch_id)
-            return StageResult(figures={"replayed_batches": 1.0} if replayed else {})
+            return StageResult()
+        if prepared == REPLAYED:
+            return StageResult(figures={"replayed_batches": 1.0})
         result, after = prepared
         with self._lock:
             landed = self._commit(ctx.config, result, after, ctx)
