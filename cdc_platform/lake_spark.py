@@ -137,4 +137,9 @@ def _sql_literal(value: Any) -> str:
         return repr(value)
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
         return f"DATE'{value.isoformat()}'"
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return sql_string(str(value))
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal (backslash escapes; not delta-rs's dialect, see `lake.delta_string`)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform import lake
+from cdc_platform.lake_spark import sql_string
 from cdc_platform import latest_state as LS
 from cdc_platform import transactions as T
 from cdc_platform.config import TableConfig, mask_salt
@@ -331,10 +332,6 @@ def infer_row_schema(samples: Iterable[str], key: Sequence[str]) -> list[tuple[s
     return [(name, _spark_type(vals)) for name, vals in values.items()]
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], salt: bytes | None = None) -> str:
     """The latest state of one table as of its source's consistency watermark.
 
@@ -360,7 +357,7 @@ def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], 
     return f"""
 SELECT {', '.join(outer)} FROM (
   SELECT {inner}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
-    SELECT from_json(r.after, {_sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
+    SELECT from_json(r.after, {sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
            r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
            row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.event_id DESC) AS `__rank`
@@ -368,7 +365,7 @@ SELECT {', '.join(outer)} FROM (
     JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
     LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t
       ON r.transaction_id = t.transaction_id
-    WHERE r.table_id = {_sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
+    WHERE r.table_id = {sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
       AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
   ) ranked
   WHERE `__rank` = 1 AND `_op` <> 'd'
@@ -387,7 +384,7 @@ def register_consistent_views(spark: SparkSession, lake_dir: Path) -> list[str]:
     names = []
     for table in lake.registered_tables(lake_dir):
         sample = spark.sql(
-            f"SELECT after FROM {lake.quote_identifier(RAW)} WHERE table_id = {_sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
+            f"SELECT after FROM {lake.quote_identifier(RAW)} WHERE table_id = {sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
         ).collect()
         columns = infer_row_schema((r[0] for r in sample), table.key)
         view = f"{table.name}__consistent_view"
