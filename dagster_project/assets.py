@@ -195,7 +195,8 @@ def build_backfill_asset(platform: PlatformConfig):  # type: ignore[no-untyped-d
         pool="cdc_ingest",
         kinds={"delta"},
         config_schema=SNAPSHOT_LOAD_CONFIG,
-        description="Loads snapshots/<table>/ into the raw log and latest state; never overwrites a newer row or resurrects a deleted key.",
+        description=("Loads the partition's source snapshot (folder `snapshots/TABLE/`, TABLE being the partition) into the raw log "
+                     "and latest state; never overwrites a newer row or resurrects a deleted key."),
     )
     def snapshot_load(context, cdc: CdcResource) -> MaterializeResult:  # type: ignore[no-untyped-def]
         dry_run = bool(context.op_config["dry_run"])

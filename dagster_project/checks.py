@@ -61,7 +61,7 @@ def gx_check(table: str, keys: tuple[str, ...] = (), latest_state: bool = False)
 def coverage_check(table: TableConfig) -> AssetChecksDefinition:
     @asset_check(asset=table.name, name="coverage",
                  description="Every live key of the raw log is in the latest state at its position, and nothing else is; "
-                             "with a source snapshot in snapshots/<table>/, source rows vs lake rows too.")
+                             f"with a source snapshot in `snapshots/{table.name}/`, source rows vs lake rows too.")
     def _check(cdc: CdcResource) -> AssetCheckResult:
         outcomes = [checks.coverage(cdc.spark(), cdc.lake, table)]
         if backfill.snapshot_dir(cdc.config, table).is_dir():

@@ -148,3 +148,18 @@ def test_snapshot_backfill_partition_dry_run_then_load(pipeline_run: Any, query:
     after = {r["id"]: r["name"] for r in query(config, "SELECT id, name FROM customers__full_view")}
     assert after[880001] == "backfilled"
     assert after[existing] == live[existing]["name"], "the streamed row is newer than the snapshot and stays"
+
+
+def test_descriptions_carry_no_angle_bracket_placeholders(tmp_path: Path) -> None:
+    """The UI renders descriptions as Markdown with HTML: `snapshots/<table>/` showed as `snapshots//`."""
+    import re
+
+    workload = generate_workload(tmp_path / "w", transactions=5)
+    defs = build_defs(workload.config_path)
+    graph = defs.resolve_asset_graph()
+    texts = {f"asset {s.key.to_user_string()}": s.description for s in defs.resolve_all_asset_specs()}
+    texts |= {f"check {k.asset_key.to_user_string()}:{k.name}": graph.get_check_spec(k).description for k in graph.asset_check_keys}
+    texts |= {f"job {j.name}": j.description for j in defs.resolve_all_job_defs()}
+    assert any("coverage" in name for name in texts) and any("snapshot_load" in name for name in texts)
+    markup = {name: text for name, text in texts.items() if text and re.search(r"<[A-Za-z/]", text)}
+    assert markup == {}
