@@ -34,17 +34,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cdc_platform.errors import ConfigError
-from cdc_platform.generate_files import CONNECTOR_VERSION, DATABASE, SERVER_ID, TOPIC_PREFIX, TopicWriter, customers_connect_schema, topic_for
+from cdc_platform.generate_resume import Recovered, recover
+from cdc_platform.generate_files import (
+    CONNECTOR_VERSION, DATABASE, SERVER_ID, SERVER_UUID, TOPIC_PREFIX, Binlog, Change, TopicWriter, customers_connect_schema, topic_for,
+)
 
-__all__ = ["GeneratedWorkload", "generate_workload", "CDC_YAML", "SERVER_UUID"]
+__all__ = ["GeneratedWorkload", "generate_workload", "append_workload", "CDC_YAML", "SERVER_UUID"]
 
-SERVER_UUID = "8c1f2e3a-0b1c-11ef-9a43-0242ac120002"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 FIRST_GTID = 17
 FIRST_BINLOG_INDEX = 3
-TX_PER_BINLOG = 5000
 SNAPSHOT_POS = 4821
-BINLOG_FIRST_EVENT_POS = 197  # after the magic header, format description and previous-GTIDs events
 TABLES = ("customers", "charges", "refunds")
 TRANSACTION_TOPIC = f"{TOPIC_PREFIX}.transaction"
 
@@ -103,8 +103,6 @@ _COUNTRIES = tuple(_COUNTRY_CURRENCY)
 _REFUND_REASONS = ("requested_by_customer", "duplicate", "fraudulent", "product_not_received")
 
 Row = dict[str, Any]
-# (table, op, before, after, late role: "" | "hold" | "arm")
-Change = tuple[str, str, "Row | None", "Row | None", str]
 
 
 @dataclass(frozen=True)
@@ -147,6 +145,32 @@ class _Simulator:
         self.failed: list[int] = []
         self.protected: set[int] = set()
         self.next_id = {t: 1 for t in TABLES}
+
+    def restore(self, state: Recovered) -> None:
+        """Take over a database read back from landing files, rebuilding the pools the actions draw from.
+
+        Ids are visited in creation order, so recency-biased picks favour the newest rows as before.
+        A charge counts for its customer until deleted (a customer with charges is never deleted);
+        refunded charges are terminal and, as in a fresh run, kept only when state is tracked.
+        """
+        for cid, row in sorted(state.rows.get("customers", {}).items()):
+            self.customer_ids.append(cid)
+            if row is None:
+                self.deleted["customers"].add(cid)
+            else:
+                self.customers[cid] = row
+        for chid, row in sorted(state.rows.get("charges", {}).items()):
+            if row is None:
+                if self.track:
+                    self.deleted["charges"].add(chid)
+                continue
+            self.charge_count[row["customer_id"]] = self.charge_count.get(row["customer_id"], 0) + 1
+            if row["status"] != "refunded" or self.track:
+                self.charges[chid] = row
+            self._enter_pool(chid, row["status"])
+        if self.track:
+            self.refunds.update({rid: row for rid, row in sorted(state.rows.get("refunds", {}).items()) if row is not None})
+        self.next_id.update(state.next_id)
 
     # -- helpers -------------------------------------------------------------------------------
     def _new_id(self, table: str) -> int:
@@ -380,90 +404,40 @@ def recent_start_ms(transactions: int, now_ms: int) -> int:
     return now_ms - transactions * MEAN_COMMIT_GAP_MS
 
 
-def generate_workload(
-    out_dir: str | Path,
-    transactions: int = 200,
-    seed: int = 7,
-    events_per_file: int = 500,
-    track_state: bool = True,
-    start_ms: int | None = None,
-) -> GeneratedWorkload:
-    """Write a deterministic Debezium MySQL workload to `out_dir/landing` and its `out_dir/cdc.yaml`.
-
-    Refuses a landing directory that already holds files, so two workloads are never mixed.
-    `track_state=False` skips building `expected_state` (and keeps less in memory); the files written
-    are identical either way. `start_ms` is the source clock at the first transaction (default a fixed
-    2026-01-01, so a seed always writes the same bytes); the CLI passes a recent time instead so that
-    freshness checks on the sample judge it like a live database.
-    """
-    start = START_MS if start_ms is None else start_ms
+def _check_sizes(transactions: Any, events_per_file: Any) -> None:
     if isinstance(transactions, bool) or not isinstance(transactions, int) or transactions < 1:
         raise ConfigError(f"transactions must be an integer >= 1, got {transactions!r}")
     if isinstance(events_per_file, bool) or not isinstance(events_per_file, int) or events_per_file < 1:
         raise ConfigError(f"events_per_file must be an integer >= 1, got {events_per_file!r}")
-    out = Path(out_dir)
-    landing = out / "landing"
-    if landing.exists():
-        if not landing.is_dir():
-            raise ConfigError(f"{landing} exists and is not a directory; remove it or choose another out_dir")
-        if any(p.is_file() for p in landing.rglob("*")):
-            raise ConfigError(
-                f"{landing} already contains files; delete it or choose an empty out_dir so two workloads are not mixed"
-            )
-    landing.mkdir(parents=True, exist_ok=True)
-    config_path = out / "cdc.yaml"
-    config_path.write_text(CDC_YAML, encoding="utf-8")
 
-    rng = random.Random(seed)
-    plan_rng = random.Random(seed * 1_000_003 + 1)
-    sim = _Simulator(rng, track_state, start)
+
+def _writers(landing: Path, events_per_file: int, seed: int, first_file: dict[str, int] | None = None) -> tuple[dict[str, TopicWriter], TopicWriter]:
+    first = first_file or {}
     writers = {
         table: TopicWriter(
             landing / topic_for(table),
             events_per_file,
             random.Random(seed * 1_000_003 + 10 + i),
             schema=customers_connect_schema() if table == "customers" else None,
+            first_file=first.get(topic_for(table), 0),
         )
         for i, table in enumerate(TABLES)
     }
-    tx_writer = TopicWriter(landing / TRANSACTION_TOPIC, events_per_file, random.Random(seed * 1_000_003 + 99), faults=False)
-    change_events = 0
+    tx_writer = TopicWriter(landing / TRANSACTION_TOPIC, events_per_file, random.Random(seed * 1_000_003 + 99), faults=False,
+                            first_file=first.get(TRANSACTION_TOPIC, 0))
+    return writers, tx_writer
 
-    # Initial snapshot: one consistent read at one binlog coordinate, no transaction metadata.
-    binlog_index = FIRST_BINLOG_INDEX
-    binlog_file = f"mysql-bin.{binlog_index:06d}"
-    snapshot_count = max(1, round(transactions * SNAPSHOT_SHARE))
-    year_ms = 365 * 86_400_000
-    step = year_ms // snapshot_count  # created during 2025, in id order
-    for i in range(snapshot_count):
-        row = sim.snapshot_customer(start - year_ms + i * step + rng.randrange(step))
-        source = {
-            "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": start,
-            "snapshot": "last" if i == snapshot_count - 1 else "true", "db": DATABASE, "sequence": None,
-            "table": "customers", "server_id": SERVER_ID, "gtid": None, "file": binlog_file,
-            "pos": SNAPSHOT_POS, "row": 0, "thread": None, "query": None,
-        }
-        env = {"before": None, "after": row, "source": source, "op": "r", "ts_ms": start + 40 + i, "transaction": None}
-        writers["customers"].add_change(env, row["id"])
-        change_events += 1
 
-    # Streaming.
+def _stream(sim: _Simulator, binlog: Binlog, transactions: int, rng: random.Random, plan_rng: random.Random,
+            writers: dict[str, TopicWriter], tx_writer: TopicWriter) -> int:
+    """Run `transactions` application transactions through the binlog; return the change events written."""
     plan = _plan_late_pairs(transactions, plan_rng)
     late_keys: dict[int, int] = {}
-    pos = SNAPSHOT_POS
-    tx_in_file = 0
-    commit = start
     kind_names = _KIND_NAMES
     kind_cum = _KIND_CUM
+    change_events = 0
     for t in range(transactions):
-        if tx_in_file >= TX_PER_BINLOG:
-            binlog_index += 1
-            binlog_file = f"mysql-bin.{binlog_index:06d}"
-            pos = BINLOG_FIRST_EVENT_POS
-            tx_in_file = 0
-        tx_in_file += 1
-        commit += rng.randint(50, 600)
-        sim.now = commit
+        sim.now = binlog.begin(rng)
         slot = plan.get(t)
         if slot is None:
             changes = sim.run(kind_names[bisect.bisect_right(kind_cum, rng.random() * _KIND_TOTAL)])
@@ -471,59 +445,12 @@ def generate_workload(
             changes, late_keys[slot[1]] = sim.late_first()
         else:
             changes = sim.late_second(late_keys.pop(slot[1]))
+        change_events += binlog.write(changes, rng, writers, tx_writer)
+    return change_events
 
-        gtid = f"{SERVER_UUID}:{FIRST_GTID + t}"
-        thread = rng.randint(8, 40)
-        delay = rng.randint(10, 490)
-        pos += 65 + rng.randint(70, 90)  # GTID event, then the BEGIN query event
-        tx_writer.add_marker({"status": "BEGIN", "id": gtid, "ts_ms": commit, "event_count": None, "data_collections": None})
-        per_table: dict[str, int] = {}
-        for order, (table, op, before, after, late) in enumerate(changes, 1):
-            dc_order = per_table.get(table, 0) + 1
-            per_table[table] = dc_order
-            pos += rng.randint(50, 80)  # table map event
-            source = {
-                "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": commit,
-                "snapshot": "false", "db": DATABASE, "sequence": None, "table": table, "server_id": SERVER_ID,
-                "gtid": gtid, "file": binlog_file, "pos": pos, "row": 0, "thread": thread, "query": None,
-            }
-            pos += rng.randint(90, 420)  # the rows event itself
-            env = {
-                "before": before,
-                "after": after,
-                "source": source,
-                "op": op,
-                "ts_ms": commit + delay + min(order - 1, 9),
-                "transaction": {"id": gtid, "total_order": order, "data_collection_order": dc_order},
-            }
-            key = (after if after is not None else before)["id"]  # type: ignore[index]
-            writers[table].add_change(env, key, late)
-            change_events += 1
-        pos += 31  # XID event
-        tx_writer.add_marker(
-            {
-                "status": "END",
-                "id": gtid,
-                "ts_ms": commit,
-                "event_count": len(changes),
-                "data_collections": [
-                    {"data_collection": f"{DATABASE}.{table}", "event_count": n} for table, n in per_table.items()
-                ],
-            }
-        )
 
-    # Guarantee each fault at least once, whatever the dice said.
-    customers = writers["customers"]
-    if not any(w.duplicates_scheduled for w in writers.values()):
-        assert customers.last_candidate is not None  # the snapshot always has one customer
-        customers.schedule_duplicate(customers.last_candidate, customers.lines + 1, plan_rng.randint(1_000, 30_000))
-    if not any(w.malformed for w in writers.values()):
-        assert customers.last_candidate is not None
-        customers.add_truncated(customers.last_candidate)
-
-    for writer in (*writers.values(), tx_writer):
-        writer.close()
-
+def _result(out: Path, landing: Path, config_path: Path, transactions: int, change_events: int,
+            writers: dict[str, TopicWriter], tx_writer: TopicWriter, sim: _Simulator, track_state: bool) -> GeneratedWorkload:
     return GeneratedWorkload(
         out_dir=out,
         landing_dir=landing,
@@ -537,3 +464,117 @@ def generate_workload(
         files=sum(w.files for w in (*writers.values(), tx_writer)),
         expected_state=sim.expected_state() if track_state else {},
     )
+
+
+def generate_workload(
+    out_dir: str | Path,
+    transactions: int = 200,
+    seed: int = 7,
+    events_per_file: int = 500,
+    track_state: bool = True,
+    start_ms: int | None = None,
+) -> GeneratedWorkload:
+    """Write a deterministic Debezium MySQL workload to `out_dir/landing` and its `out_dir/cdc.yaml`.
+
+    Refuses a landing directory that already holds files, so two workloads are never mixed
+    (`append_workload` adds an increment to one instead).
+    `track_state=False` skips building `expected_state` (and keeps less in memory); the files written
+    are identical either way. `start_ms` is the source clock at the first transaction (default a fixed
+    2026-01-01, so a seed always writes the same bytes); the CLI passes a recent time instead so that
+    freshness checks on the sample judge it like a live database.
+    """
+    start = START_MS if start_ms is None else start_ms
+    _check_sizes(transactions, events_per_file)
+    out = Path(out_dir)
+    landing = out / "landing"
+    if landing.exists():
+        if not landing.is_dir():
+            raise ConfigError(f"{landing} exists and is not a directory; remove it or choose another out_dir")
+        if any(p.is_file() for p in landing.rglob("*")):
+            raise ConfigError(
+                f"{landing} already contains files; delete it or choose an empty out_dir so two workloads are not mixed "
+                "(or add an increment to it: `cdc generate --append`)"
+            )
+    landing.mkdir(parents=True, exist_ok=True)
+    config_path = out / "cdc.yaml"
+    config_path.write_text(CDC_YAML, encoding="utf-8")
+
+    rng = random.Random(seed)
+    plan_rng = random.Random(seed * 1_000_003 + 1)
+    sim = _Simulator(rng, track_state, start)
+    writers, tx_writer = _writers(landing, events_per_file, seed)
+    change_events = 0
+
+    # Initial snapshot: one consistent read at one binlog coordinate, no transaction metadata.
+    binlog = Binlog(FIRST_BINLOG_INDEX, SNAPSHOT_POS, 0, FIRST_GTID, start)
+    snapshot_count = max(1, round(transactions * SNAPSHOT_SHARE))
+    year_ms = 365 * 86_400_000
+    step = year_ms // snapshot_count  # created during 2025, in id order
+    for i in range(snapshot_count):
+        row = sim.snapshot_customer(start - year_ms + i * step + rng.randrange(step))
+        source = {
+            "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": start,
+            "snapshot": "last" if i == snapshot_count - 1 else "true", "db": DATABASE, "sequence": None,
+            "table": "customers", "server_id": SERVER_ID, "gtid": None, "file": binlog.file,
+            "pos": SNAPSHOT_POS, "row": 0, "thread": None, "query": None,
+        }
+        env = {"before": None, "after": row, "source": source, "op": "r", "ts_ms": start + 40 + i, "transaction": None}
+        writers["customers"].add_change(env, row["id"])
+        change_events += 1
+
+    change_events += _stream(sim, binlog, transactions, rng, plan_rng, writers, tx_writer)
+
+    # Guarantee each fault at least once, whatever the dice said.
+    customers = writers["customers"]
+    if not any(w.duplicates_scheduled for w in writers.values()):
+        assert customers.last_candidate is not None  # the snapshot always has one customer
+        customers.schedule_duplicate(customers.last_candidate, customers.lines + 1, plan_rng.randint(1_000, 30_000))
+    if not any(w.malformed for w in writers.values()):
+        assert customers.last_candidate is not None
+        customers.add_truncated(customers.last_candidate)
+
+    for writer in (*writers.values(), tx_writer):
+        writer.close()
+    return _result(out, landing, config_path, transactions, change_events, writers, tx_writer, sim, track_state)
+
+
+def append_workload(
+    out_dir: str | Path,
+    transactions: int = 200,
+    seed: int = 7,
+    events_per_file: int = 500,
+    track_state: bool = True,
+    now_ms: int | None = None,
+) -> GeneratedWorkload:
+    """Write a further increment of the workload already in `out_dir/landing`: `transactions` new ones.
+
+    The database is read back from the files (`generate_resume.recover`): its live rows, its deleted
+    keys, the last id per table, the binlog position, GTID and commit time, and each topic's last file.
+    The increment continues from there (new rows with higher ids; updates and deletes of existing rows;
+    higher GTIDs, positions and commit times; files numbered after the existing ones, written atomically
+    so a running stream never reads half a file), with the same faults as a fresh workload (redeliveries,
+    a late update, truncated lines, tombstones, a schema-wrapped customers file). `now_ms` moves the
+    commit clock up to about now when the files' last commit is older, as for a live source.
+    `expected_state` is the whole database after the increment (base and increment).
+    """
+    _check_sizes(transactions, events_per_file)
+    out = Path(out_dir)
+    landing = out / "landing"
+    state = recover(landing, TABLES, TRANSACTION_TOPIC, topic_for)
+    config_path = out / "cdc.yaml"
+    if not config_path.exists():
+        config_path.write_text(CDC_YAML, encoding="utf-8")
+    increment_seed = seed * 1_000_003 + state.next_gtid  # each increment of one landing draws new dice
+    rng = random.Random(increment_seed)
+    plan_rng = random.Random(increment_seed * 1_000_003 + 1)
+    commit = state.last_commit_ms
+    if now_ms is not None:
+        commit = max(commit, recent_start_ms(transactions, now_ms))
+    sim = _Simulator(rng, track_state, commit)
+    sim.restore(state)
+    writers, tx_writer = _writers(landing, events_per_file, increment_seed, first_file=state.next_file)
+    binlog = Binlog(state.binlog_index, state.binlog_pos + 500, state.tx_in_file, state.next_gtid, commit)
+    change_events = _stream(sim, binlog, transactions, rng, plan_rng, writers, tx_writer)
+    for writer in (*writers.values(), tx_writer):
+        writer.close()
+    return _result(out, landing, config_path, transactions, change_events, writers, tx_writer, sim, track_state)

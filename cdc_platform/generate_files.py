@@ -20,12 +20,17 @@ CONNECTOR_VERSION = "2.7.3.Final"
 TOPIC_PREFIX = "payments"  # Debezium `topic.prefix`, also `source.name`
 DATABASE = "payments"
 SERVER_ID = 223344
+SERVER_UUID = "8c1f2e3a-0b1c-11ef-9a43-0242ac120002"
+TX_PER_BINLOG = 5000
+BINLOG_FIRST_EVENT_POS = 197  # after the magic header, format description and previous-GTIDs events
 
 DUPLICATE_RATE = 0.005
 MALFORMED_RATE = 1 / 25_000
 SCHEMA_FILE_RATE = 0.05
 
 Row = dict[str, Any]
+# (table, op, before, after, late role: "" | "hold" | "arm")
+Change = tuple[str, str, "Row | None", "Row | None", str]
 
 
 def topic_for(table: str) -> str:
@@ -258,3 +263,76 @@ class TopicWriter:
             self._put(held[1])
         self._held = []
         self._flush(last_chance=True)
+
+
+class Binlog:
+    """The source's binlog cursor (file, position, GTID, commit clock) and how one transaction is written.
+
+    One class for a fresh workload and for an increment, so an increment continues exactly where the
+    files stop: later transactions get higher GTIDs, later positions and later commit times.
+    """
+
+    def __init__(self, index: int, pos: int, tx_in_file: int, next_gtid: int, commit_ms: int) -> None:
+        self.index = index
+        self.pos = pos
+        self.tx_in_file = tx_in_file
+        self.next_gtid = next_gtid
+        self.commit = commit_ms
+
+    @property
+    def file(self) -> str:
+        return f"mysql-bin.{self.index:06d}"
+
+    def begin(self, rng: random.Random) -> int:
+        """Start the next transaction (rotating the binlog every TX_PER_BINLOG); return its commit time."""
+        if self.tx_in_file >= TX_PER_BINLOG:
+            self.index += 1
+            self.pos = BINLOG_FIRST_EVENT_POS
+            self.tx_in_file = 0
+        self.tx_in_file += 1
+        self.commit += rng.randint(50, 600)
+        return self.commit
+
+    def write(self, changes: list[Change], rng: random.Random, writers: dict[str, TopicWriter], tx_writer: TopicWriter) -> int:
+        """Write one transaction's BEGIN, change events and END; return the number of change events."""
+        commit = self.commit
+        gtid = f"{SERVER_UUID}:{self.next_gtid}"
+        self.next_gtid += 1
+        thread = rng.randint(8, 40)
+        delay = rng.randint(10, 490)
+        self.pos += 65 + rng.randint(70, 90)  # GTID event, then the BEGIN query event
+        tx_writer.add_marker({"status": "BEGIN", "id": gtid, "ts_ms": commit, "event_count": None, "data_collections": None})
+        per_table: dict[str, int] = {}
+        for order, (table, op, before, after, late) in enumerate(changes, 1):
+            dc_order = per_table.get(table, 0) + 1
+            per_table[table] = dc_order
+            self.pos += rng.randint(50, 80)  # table map event
+            source = {
+                "version": CONNECTOR_VERSION, "connector": "mysql", "name": TOPIC_PREFIX, "ts_ms": commit,
+                "snapshot": "false", "db": DATABASE, "sequence": None, "table": table, "server_id": SERVER_ID,
+                "gtid": gtid, "file": self.file, "pos": self.pos, "row": 0, "thread": thread, "query": None,
+            }
+            self.pos += rng.randint(90, 420)  # the rows event itself
+            env = {
+                "before": before,
+                "after": after,
+                "source": source,
+                "op": op,
+                "ts_ms": commit + delay + min(order - 1, 9),
+                "transaction": {"id": gtid, "total_order": order, "data_collection_order": dc_order},
+            }
+            key = (after if after is not None else before)["id"]  # type: ignore[index]
+            writers[table].add_change(env, key, late)
+        self.pos += 31  # XID event
+        tx_writer.add_marker(
+            {
+                "status": "END",
+                "id": gtid,
+                "ts_ms": commit,
+                "event_count": len(changes),
+                "data_collections": [
+                    {"data_collection": f"{DATABASE}.{table}", "event_count": n} for table, n in per_table.items()
+                ],
+            }
+        )
+        return len(changes)

@@ -7,6 +7,7 @@ Pure Python, no Spark.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import Counter, defaultdict
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_platform.generate import CDC_YAML, SERVER_UUID, GeneratedWorkload, generate_workload
+from cdc_platform.generate import CDC_YAML, SERVER_UUID, GeneratedWorkload, append_workload, generate_workload
 from cdc_platform.errors import ConfigError
 
 TOPICS = {
@@ -129,7 +130,22 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> tuple[GeneratedWorkload
     return result, read_landing(result.landing_dir)
 
 
-WORKLOADS = ["small", "default"]
+@pytest.fixture(scope="module")
+def appended(tmp_path_factory: pytest.TempPathFactory) -> tuple[GeneratedWorkload, dict[str, list[Line]]]:
+    """The small workload plus an increment (`cdc generate --append`): every promise of this file must hold
+    over base and increment together, as one database's history. Counts are summed over both writes."""
+    out = tmp_path_factory.mktemp("appended")
+    base = generate_workload(out, transactions=1500, seed=11, events_per_file=40)
+    inc = append_workload(out, transactions=700, seed=11, events_per_file=40)
+    combined = dataclasses.replace(
+        inc,
+        **{f: getattr(base, f) + getattr(inc, f) for f in
+           ("transactions", "change_events", "duplicate_events", "markers", "malformed_lines", "tombstones", "files")},
+    )
+    return combined, read_landing(inc.landing_dir)
+
+
+WORKLOADS = ["small", "default", "appended"]
 
 
 @pytest.fixture(params=WORKLOADS)
@@ -479,3 +495,75 @@ def test_start_time_moves_the_source_clock_only(tmp_path: Path) -> None:
     assert shifted["ts_ms"] - first["ts_ms"] == 86_400_000
     assert (fixed.change_events, fixed.markers) == (moved.change_events, moved.markers)
     assert recent_start_ms(1000, 2_000_000) == 2_000_000 - 325_000
+
+
+def test_append_continues_where_the_files_stop(tmp_path: Path) -> None:
+    """An increment adds to the files, never rewrites them, and continues ids, GTIDs, positions and the clock;
+    it changes existing rows (updates, deletes) besides adding new ones."""
+    base = generate_workload(tmp_path, transactions=400, seed=5, events_per_file=60)
+    before = file_tree(base.landing_dir)
+    base_changes = distinct_changes(read_landing(base.landing_dir))
+    inc = append_workload(tmp_path, transactions=300, seed=5, events_per_file=60, now_ms=START_MS)
+    after = file_tree(inc.landing_dir)
+    assert {k: after[k] for k in before} == before, "an increment never rewrites a landed file"
+    new_files = sorted(set(after) - set(before))
+    assert len(new_files) == inc.files and not any(Path(k).name.startswith(".") for k in after), "no temporary file is left"
+    for topic in {Path(k).parent.name for k in new_files}:
+        old = [int(Path(k).name[5:10]) for k in before if Path(k).parent.name == topic]
+        new = [int(Path(k).name[5:10]) for k in new_files if Path(k).parent.name == topic]
+        assert min(new) == max(old, default=-1) + 1, topic
+    assert inc.transactions == 300 and inc.markers == 600 and inc.config_path.read_text() == CDC_YAML
+
+    seen = {identity(line.obj) for line in base_changes}
+    new_changes = [line for line in distinct_changes(read_landing(inc.landing_dir)) if identity(line.obj) not in seen]
+    assert len(new_changes) == inc.change_events
+    assert min(position(line.obj) for line in new_changes) > max(position(line.obj) for line in base_changes)
+    base_gtids = {int(GTID_RE.match(line.obj["transaction"]["id"]).group(1)) for line in base_changes if line.obj["transaction"]}
+    new_gtids = {int(GTID_RE.match(line.obj["transaction"]["id"]).group(1)) for line in new_changes}
+    assert min(new_gtids) == max(base_gtids) + 1 and len(new_gtids) == 300
+    assert min(line.obj["source"]["ts_ms"] for line in new_changes) > max(line.obj["source"]["ts_ms"] for line in base_changes)
+    assert all(line.obj["op"] != "r" for line in new_changes), "the snapshot is not repeated"
+
+    base_keys = {(line.obj["source"]["table"], row_key(line.obj)) for line in base_changes}
+    touched = Counter((line.obj["op"], (line.obj["source"]["table"], row_key(line.obj)) in base_keys) for line in new_changes)
+    assert touched[("u", True)] > 0 and touched[("d", True)] > 0, "updates and deletes of existing rows"
+    assert touched[("c", True)] == 0 and touched[("c", False)] > 0, "new rows get new ids"
+    for table in ROW_FIELDS:
+        old_max = max((k for t, k in base_keys if t == table), default=0)
+        created = [row_key(line.obj) for line in new_changes if line.obj["op"] == "c" and line.obj["source"]["table"] == table]
+        assert all(k > old_max for k in created), table
+
+
+def test_each_increment_is_new(tmp_path: Path) -> None:
+    """Appending twice with the same seed writes two different increments (the dice depend on where the files stop)."""
+    generate_workload(tmp_path, transactions=50, seed=2)
+    first = append_workload(tmp_path, transactions=50, seed=2)
+    second = append_workload(tmp_path, transactions=50, seed=2)
+    topics = read_landing(second.landing_dir)
+    assert len([line for line in topics[MARKER_TOPIC] if line.obj["status"] == "END"]) == 150
+    assert first.expected_state != second.expected_state
+
+
+def test_append_needs_a_generated_workload(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nothing to append to"):
+        append_workload(tmp_path / "none")
+    (tmp_path / "other" / "landing" / "topic").mkdir(parents=True)
+    (tmp_path / "other" / "landing" / "topic" / "part-00000.jsonl").write_text('{"a": 1}\nnot json\n')
+    with pytest.raises(ConfigError, match="holds no generated workload"):
+        append_workload(tmp_path / "other")
+    generate_workload(tmp_path / "ok", transactions=5)
+    with pytest.raises(ConfigError, match=">= 1"):
+        append_workload(tmp_path / "ok", transactions=0)
+
+
+def test_a_writer_never_overwrites_a_landed_file(tmp_path: Path) -> None:
+    import random
+
+    from cdc_platform.generate_files import TopicWriter
+
+    (tmp_path / "part-00003.jsonl").write_text("landed\n")
+    writer = TopicWriter(tmp_path, 10, random.Random(1), faults=False, first_file=3)
+    writer.add_marker({"status": "BEGIN"})
+    with pytest.raises(FileExistsError, match="would overwrite landed input"):
+        writer.close()
+    assert (tmp_path / "part-00003.jsonl").read_text() == "landed\n"
