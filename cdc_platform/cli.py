@@ -1,4 +1,10 @@
-"""`cdc`: the command-line interface. Its subcommand and flag names are a public interface."""
+"""`cdc`: the command-line interface. Its subcommand and flag names are a public interface.
+
+It keeps one promise for every command: a failure prints exactly one line, `error: <the cause in
+words>`, on stderr and exits 2; `--verbose` adds the Python stack (and the JVM's, for a Spark error)
+before that line. Spark's own error logging, which would print the JVM stack anyway, is switched off
+for the CLI's session, because the error that reaches `main` carries the same stack for `--verbose`.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +14,16 @@ import datetime as dt
 import decimal
 import io
 import json
-import shutil
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from cdc_platform import spark_errors
 from cdc_platform.config import PlatformConfig, check_spark_master, load_config
-from cdc_platform.errors import CdcError
+from cdc_platform.errors import CdcError, LakeError, QueryError
 
 DEMO_DIR = Path(".cdc-demo")
 
@@ -37,7 +44,32 @@ def _spark(master: str | None = None, announce: bool = True) -> Any:
     if announce:
         where = master or ("spark-submit's master" if submitted() else DEFAULT_MASTER)
         _say(f"starting Spark ({where}) ...")
-    return get_spark(master=master)
+    spark = get_spark(master=master)
+    quiet_spark_error_logs(spark)
+    return spark
+
+
+#: Spark loggers that print a failed task's whole JVM stack at ERROR; the failure reaches `main` anyway.
+_JVM_ERROR_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+#: pyspark's Python loggers that print every SQL error with its JVM stack as it is raised (pyspark 4).
+_PYSPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+def quiet_spark_error_logs(spark: Any) -> None:
+    """Keep Spark from printing a stack on its own: the CLI prints one `error:` line (the stack with --verbose).
+
+    Both kinds of logger would print the JVM stack of an error the CLI is about to report: log4j's for a
+    task that failed in an executor (a bad cast, a division by zero), pyspark's for every SQL error.
+    """
+    from pyspark.logger import PySparkLogger
+
+    for name in _PYSPARK_ERROR_LOGGERS:
+        PySparkLogger.getLogger(name).disabled = True  # created as PySparkLogger: pyspark calls it with extra fields
+    jvm = spark.sparkContext._jvm
+    if jvm is not None:
+        off = jvm.org.apache.logging.log4j.Level.toLevel("OFF")
+        for name in _JVM_ERROR_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, off)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -115,72 +147,69 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from cdc_platform.views import register_lake
 
     lake_dir = Path(args.lake).resolve()
+    if not lake_dir.is_dir():  # before Spark starts: saying so costs no JVM
+        raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     spark = _spark(check_spark_master(args.master), announce=args.format == "table")
-    register_lake(spark, lake_dir)
-    df = spark.sql(args.query)
-    rows = [tuple(r) for r in df.collect()]
+    names = register_lake(spark, lake_dir)
+    try:
+        df = spark.sql(args.query)
+        rows = [tuple(r) for r in df.collect()]
+    except Exception as exc:
+        if not spark_errors.is_spark_error(exc):
+            raise
+        raise QueryError(spark_errors.describe(exc, names)) from exc
     print(format_rows(df.columns, rows, args.format))
     return 0
 
 
-def _generate(out: Path, transactions: int, seed: int) -> Any:
+def _generate(out: Path, transactions: int, seed: int, append: bool = False) -> Any:
     """The sample as if captured just now, so freshness checks judge it like a live database."""
-    from cdc_platform.generate import generate_workload, recent_start_ms
+    from cdc_platform.generate import append_workload, generate_workload, recent_start_ms
 
-    start = recent_start_ms(transactions, int(time.time() * 1000))
-    return generate_workload(out, transactions=transactions, seed=seed, start_ms=start)
+    now_ms = int(time.time() * 1000)
+    if append:
+        return append_workload(out, transactions=transactions, seed=seed, now_ms=now_ms)
+    return generate_workload(out, transactions=transactions, seed=seed, start_ms=recent_start_ms(transactions, now_ms))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    w = _generate(Path(args.out), args.transactions, args.seed)
+    from cdc_platform.demo import cdc_command, shell_path
+
+    w = _generate(Path(args.out), args.transactions, args.seed, append=args.append)
+    what = "an increment of" if args.append else ""
     _say(
-        f"wrote {w.files} files to {w.landing_dir}: {w.transactions:,} transactions, {w.change_events:,} change events, "
+        f"wrote {what + ' ' if what else ''}{w.files} files to {w.landing_dir}: {w.transactions:,} transactions, {w.change_events:,} change events, "
         f"{w.markers:,} markers, {w.duplicate_events} duplicates, {w.malformed_lines} malformed, {w.tombstones} tombstones"
     )
-    _say(f"config: {w.config_path}  (next: cdc run --config {w.config_path})")
+    _say(f"config: {w.config_path}  (next: {cdc_command()} run --config {shell_path(w.config_path)})")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from cdc_platform import demo
     from cdc_platform.ingest import IngestJob
-    from cdc_platform.stage import RAW
     from cdc_platform.views import register_lake
 
     t0 = time.perf_counter()
     out = Path(args.dir)
-    if out.exists():
-        shutil.rmtree(out)
+    demo.prepare_dir(out)
     _say(f"generating a sample payments workload ({args.transactions} transactions) into {out}/ ...")
     w = _generate(out, args.transactions, args.seed)
     config = load_config(w.config_path)
+    t_generated = time.perf_counter()
     spark = _spark()
+    t_spark = time.perf_counter()
     _say("running the pipeline over the landing files ...")
     report = IngestJob(config, progress=_say).run_available_now(spark)
+    t_pipeline = time.perf_counter()
     names = register_lake(spark, config.lake)
-    print()
-    print(f"Landed in {config.lake} ({report.seconds:.1f} s for the pipeline, {time.perf_counter() - t0:.1f} s in all):")
-    for name in names:
-        count = spark.sql(f"SELECT count(*) AS n FROM `{name}`").collect()[0]["n"]
-        print(f"  {name:<34} {count:>8,} rows")
-    landed = report.landed()
-    print(
-        f"\n{report.total('rows_read'):,} lines read, {landed.get(RAW, 0):,} change events, "
-        f"{report.total('dead_letters'):,} dead letters, {report.total('duplicates_skipped'):,} duplicates skipped."
+    _say("counting what landed ...")
+    counts = demo.count_lake(spark, config, names)
+    t_end = time.perf_counter()
+    timing = demo.Timing(
+        generate=t_generated - t0, spark=t_spark - t_generated, pipeline=t_pipeline - t_spark, counting=t_end - t_pipeline, total=t_end - t0
     )
-    lake_arg = config.lake
-    print("\nTry next:")
-    tries = [
-        "SELECT reason_code, count(*) AS n FROM dead_letter GROUP BY reason_code",
-        "SELECT table_id, op, count(*) AS n FROM raw_change_events GROUP BY table_id, op ORDER BY table_id, op",
-    ]
-    if "transactions" in names:
-        tries[1] = "SELECT transaction_id, event_count, events_per_table FROM transactions ORDER BY end_ts DESC LIMIT 5"
-    if "customers__clean_view" in names:
-        tries.append("SELECT * FROM customers__clean_view ORDER BY id LIMIT 5")
-    else:
-        tries.append("SELECT batch_id, rows_read, duplicates_skipped, lag_seconds FROM pipeline_metrics ORDER BY batch_id")
-    for q in tries:
-        print(f'  cdc sql --lake {lake_arg} "{q}"')
+    print(demo.render(config, names, counts, report, timing))
     return 0
 
 
@@ -215,71 +244,152 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's promise: a usage mistake is one `error:` line and exit 2, like any other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml), so `cdc --version` names what pip installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cdc-platform")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from cdc_platform import __version__
+
+        return f"{__version__} (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdc", description="Lakehouse change-data-capture platform (Debezium -> Spark -> Delta).")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(
+        prog="cdc",
+        description="Lakehouse change-data-capture platform: Debezium change events -> Spark -> Delta tables and SQL views.",
+        epilog="Errors print one line starting `error:` and exit 2; add --verbose for the stack. `cdc COMMAND --help` describes a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}", help="print the version and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="on an error, print the Python (and JVM) stack before the `error:` line (default: off)")
+    # Also accepted after the command (`cdc sql --verbose ...`); SUPPRESS keeps the top-level value otherwise.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="on an error, print the Python (and JVM) stack before the `error:` line (default: off)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=description, parents=[common])
 
     def add_paths(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="cdc.yaml (default: $CDC_CONFIG)")
-        p.add_argument("--landing", help="landing directory of JSON-lines files (overrides the config)")
-        p.add_argument("--lake", help="lake directory of Delta tables (overrides the config)")
+        p.add_argument("--config", metavar="FILE", help="the cdc.yaml to use (default: $CDC_CONFIG)")
+        p.add_argument("--landing", metavar="DIR", help="landing directory of JSON-lines files (default: the config's `landing`)")
+        p.add_argument("--lake", metavar="DIR", help="lake directory of Delta tables (default: the config's `lake`)")
 
     def add_master(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--master",
-            help="Spark master URL, e.g. spark://host:7077 (overrides the config's spark_master; default local[2], or spark-submit's)",
+            "--master", metavar="URL",
+            help="Spark master URL, e.g. spark://host:7077 (default: the config's spark_master, else local[2], or spark-submit's)",
         )
 
-    p = sub.add_parser("run", help="process everything that has landed, then exit")
+    p = command("run", "process everything that has landed, then exit",
+                "Process every landing file not processed before (an available-now trigger), then exit 0. "
+                "Running it again over the same landing changes nothing: the checkpoint in the lake remembers each file.")
     add_paths(p)
     add_master(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("stream", help="run the streaming job continuously")
+    p = command("stream", "run the same job continuously until Ctrl-C",
+                "Run the streaming job continuously: each trigger interval picks up the files that landed since. "
+                "Ctrl-C stops it after the current micro-batch.")
     add_paths(p)
     add_master(p)
-    p.add_argument("--trigger-interval", help="micro-batch interval, e.g. '2 seconds' (default: config, 5 seconds)")
-    p.add_argument("--timeout", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--trigger-interval", metavar="INTERVAL",
+                   help="micro-batch interval, e.g. '2 seconds' (default: the config's trigger_interval, itself 5 seconds by default)")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop after this many seconds (default: run until Ctrl-C)")
     p.set_defaults(func=cmd_stream)
 
-    p = sub.add_parser("sql", help="run Spark SQL over the lake's tables and views")
-    p.add_argument("--lake", required=True, help="lake directory")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p = command("sql", "run Spark SQL over the lake's tables and views",
+                "Run one Spark SQL query with every lake table and view registered by name (`SHOW TABLES` lists them). "
+                "Needs only the lake: its registry names the tables, keys and masks.")
+    p.add_argument("--lake", required=True, metavar="DIR", help="lake directory (required)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="output: a text table, CSV with a header, or one JSON array of row objects (default: %(default)s)")
     add_master(p)
-    p.add_argument("query")
+    p.add_argument("query", help="the SQL query; quote it for the shell")
     p.set_defaults(func=cmd_sql)
 
-    p = sub.add_parser("generate", help="write a sample payments workload (Debezium MySQL) and its cdc.yaml")
-    p.add_argument("--out", required=True, help="output directory (gets landing/ and cdc.yaml)")
-    p.add_argument("--transactions", type=int, default=200)
-    p.add_argument("--seed", type=int, default=7)
+    p = command("generate", "write a sample payments workload (Debezium MySQL) and its cdc.yaml",
+                "Write a sample payments database (customers, charges, refunds) as Debezium's MySQL connector emits it, with "
+                "multi-table transactions, BEGIN/END markers and injected faults, into DIR/landing/, and DIR/cdc.yaml. "
+                "With --append, write a further increment of the same database (new rows, updates and deletes of existing ones) "
+                "for a second `cdc run`.")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory; gets landing/ and cdc.yaml (required)")
+    p.add_argument("--transactions", type=int, default=200, metavar="N",
+                   help="source transactions to write (with --append: new ones) (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=7, metavar="S", help="random seed; the same seed writes the same files (default: %(default)s)")
+    p.add_argument("--append", action="store_true",
+                   help="add an increment to the workload already in DIR, continuing its ids, positions and clock (default: off)")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("demo", help="generate the sample into ./.cdc-demo/, run the pipeline, show what landed")
-    p.add_argument("--dir", default=str(DEMO_DIR))
-    p.add_argument("--transactions", type=int, default=500)
-    p.add_argument("--seed", type=int, default=7)
+    p = command("demo", "generate a sample, run the pipeline, show what landed",
+                "Generate the sample into DIR (replacing a previous demo there), run the pipeline over it, count what "
+                "landed and print queries to try next.")
+    p.add_argument("--dir", default=str(DEMO_DIR), metavar="DIR", help="where the sample and its lake go (default: %(default)s)")
+    p.add_argument("--transactions", type=int, default=500, metavar="N", help="source transactions to generate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=7, metavar="S", help="random seed (default: %(default)s)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("rebuild", help="rebuild a latest-state table (and its history) from the raw log; stop the stream first")
+    p = command("rebuild", "rebuild a latest-state table (and its history) from the raw log; stop the stream first",
+                "Rebuild one latest-state table and its history from the raw log, the newest type of each column winning "
+                "(e.g. after an `incompatible_type` dead letter). Stop the stream first: one writer per lake.")
     add_paths(p)
-    p.add_argument("--table", required=True, help="lake name of the table, e.g. customers")
+    p.add_argument("--table", required=True, metavar="NAME", help="lake name of the table, e.g. customers (required)")
     p.set_defaults(func=cmd_rebuild)
 
-    p = sub.add_parser("maintain", help="fold pending changes, purge expired tombstones, compact small files, vacuum")
-    p.add_argument("--lake", help="lake directory (its registry names the tables); or use --config")
-    p.add_argument("--config", help="cdc.yaml (default: $CDC_CONFIG when --lake is not given)")
-    p.add_argument("--vacuum-hours", type=float, default=168.0, help="keep unreferenced files younger than this (default 168 = 7 days)")
+    p = command("maintain", "fold pending changes, purge expired tombstones, compact small files, vacuum",
+                "Fold pending changes and purge expired tombstones of latest-state tables, then compact small files and "
+                "vacuum every table, one line per table. Each step is an ordinary Delta commit, safe beside a running stream.")
+    p.add_argument("--lake", metavar="DIR", help="lake directory (its registry names the tables) (default: the config's `lake`)")
+    p.add_argument("--config", metavar="FILE", help="the cdc.yaml to use when --lake is not given (default: $CDC_CONFIG)")
+    p.add_argument("--vacuum-hours", type=float, default=168.0, metavar="H",
+                   help="vacuum keeps unreferenced files younger than this many hours (default: %(default)g, 7 days)")
     p.set_defaults(func=cmd_maintain)
     return parser
+
+
+def describe_error(exc: BaseException) -> str:
+    """The cause of a failed command in words, on one line, for `error: ...`."""
+    if isinstance(exc, CdcError):
+        return " ".join(str(exc).split()) or type(exc).__name__
+    if spark_errors.is_spark_error(exc):
+        return spark_errors.describe(exc)
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        return f"{exc.strerror or spark_errors.first_line(str(exc)) or type(exc).__name__}{where} (a file or the disk failed; check the path and space, then run again)"
+    text = spark_errors.first_line(str(exc))
+    return (f"unexpected {type(exc).__name__}{': ' + text if text else ''}; this is a defect of the platform: "
+            "run the command again with --verbose and report the stack")
+
+
+def print_stack(exc: BaseException) -> None:
+    """`--verbose`: Python's traceback (with the chain of causes), then the JVM's for a Spark error."""
+    traceback.print_exception(exc, file=sys.stderr)
+    stack = spark_errors.jvm_stack(exc)
+    if stack:
+        print(f"JVM stack:\n{stack.rstrip()}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except CdcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:  # every failure, whatever raised it, ends as one line and exit 2
+        if args.verbose:
+            print_stack(exc)
+        print(f"error: {describe_error(exc)}", file=sys.stderr, flush=True)
         return 2
 
 

@@ -25,3 +25,8 @@ class LakeError(CdcError):
 
 class CommitConflictError(LakeError):
     """A Delta commit kept conflicting with a concurrent writer after every retry."""
+
+
+class QueryError(CdcError):
+    """A SQL query given to `cdc sql` failed in Spark (syntax, unknown column, table or function, a bad
+    value); the message names the cause in words, Spark's error class last, so the user can fix the query."""

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cdc_platform.cli import format_rows, main
+from cdc_platform.cli import build_parser, describe_error, format_rows, main
 
 REPO = Path(__file__).resolve().parents[2]
 CDC = Path(sys.executable).parent / "cdc"
@@ -46,7 +50,8 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith("error: config file") and "Traceback" not in err
     assert main(["sql", "--lake", str(tmp_path / "nolake"), "SELECT 1"]) == 2
-    assert "run `cdc run` first" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: lake directory") and "run `cdc run` first" in err
     (tmp_path / "gen" / "landing").mkdir(parents=True)
     (tmp_path / "gen" / "landing" / "x.jsonl").write_text("{}\n")
     assert main(["generate", "--out", str(tmp_path / "gen")]) == 2
@@ -114,3 +119,140 @@ def test_master_flag_reaches_the_config_and_a_second_master_is_refused(tmp_path:
     assert "a second one on spark://127.0.0.1:7077 is not possible" in capsys.readouterr().err
     assert main(["sql", "--lake", str(tmp_path), "--master", "spark:/x", "SELECT 1"]) == 2
     assert "--master must be a Spark master URL" in capsys.readouterr().err
+
+
+# --- every error is one line and exit 2 -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sample_lake(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Path:
+    """A small generated sample, run once: a real lake with latest-state tables and views to query wrongly."""
+    out = tmp_path_factory.mktemp("cli-lake")
+    assert main(["generate", "--out", str(out), "--transactions", "30"]) == 0
+    assert main(["run", "--config", str(out / "cdc.yaml")]) == 0
+    return out / "lake"
+
+
+def error_lines(err: str) -> list[str]:
+    """stderr without the `[cdc]` progress lines: what is left must be the one `error:` line."""
+    return [line for line in err.splitlines() if line.strip() and not line.startswith("[cdc] ")]
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ("SELEC * FROM dead_letter", "syntax error in the query at or near 'SELEC' (line 1, position 1)"),
+        ("SELECT * FROM customers__full_view WHERE id =", "syntax error in the query at or near end of input"),
+        ("SELECT nope FROM customers__full_view", "unknown column `nope`; the columns nearest by name are"),
+        ("SELECT * FROM customer__full_view", "unknown table or view `customer__full_view`: did you mean `customers__full_view`"),
+        ("SELECT * FROM no_such_table", "unknown table or view `no_such_table`: the lake has"),
+        ("SELECT no_such_function(1)", "unknown function `no_such_function`"),
+        ("SELECT raise_error('boom') FROM customers__full_view", "boom (Spark USER_RAISED_EXCEPTION)"),
+        ("SELECT CAST(name AS INT) FROM customers__full_view", 'cannot be cast to "INT"'),
+    ],
+)
+def test_sql_errors_are_one_line_and_exit_2(sample_lake: Path, capfd: pytest.CaptureFixture[str], query: str, words: str) -> None:
+    """capfd, not capsys: the JVM writes to the process's stderr directly, and must not have printed its stack."""
+    assert main(["sql", "--lake", str(sample_lake), query]) == 2
+    out, err = capfd.readouterr()
+    assert out == ""
+    lines = error_lines(err)
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("error: ") and words in lines[0], lines[0]
+    assert "Traceback" not in err and "\tat " not in err and "JVM" not in err
+
+
+def test_verbose_shows_the_python_and_jvm_stack_then_the_error_line(sample_lake: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    for argv in (["sql", "--verbose"], ["--verbose", "sql"], ["-v", "sql"]):
+        assert main([*argv, "--lake", str(sample_lake), "SELECT nope FROM customers__full_view"]) == 2
+        err = capfd.readouterr().err
+        assert "Traceback (most recent call last)" in err and "AnalysisException" in err
+        assert "JVM stack:" in err and "\tat org.apache.spark" in err
+        assert err.rstrip().splitlines()[-1].startswith("error: unknown column `nope`")
+
+
+def test_spark_errors_outside_cdc_sql_are_phrased_too(spark: Any) -> None:
+    """`cdc run` and the others reach `main` with Spark's own exception: the same words, one line."""
+    for query, words in (("SELEC 1", "syntax error in the query at or near 'SELEC'"),
+                         ("SELECT * FROM nowhere_at_all", "unknown table or view `nowhere_at_all`"),
+                         ("SELECT 1/0", "Division by zero")):
+        with pytest.raises(Exception) as caught:
+            spark.sql(query).collect()
+        text = describe_error(caught.value)
+        assert words in text and "\n" not in text, text
+
+
+def test_other_failures_are_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(args: argparse.Namespace) -> int:
+        raise TypeError("an unexpected thing\nwith a second line")
+
+    def disk(args: argparse.Namespace) -> int:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "lake"))
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    def run_with(func: Any, *extra: str) -> int:
+        parser = build_parser()
+        args = parser.parse_args(["maintain", *extra, "--lake", str(tmp_path)])
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv=None, namespace=None: args)
+        args.func = func
+        try:
+            return main([])
+        finally:
+            monkeypatch.undo()
+
+    assert run_with(boom) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: unexpected TypeError: an unexpected thing; this is a defect of the platform: "
+        "run the command again with --verbose and report the stack"]
+    assert run_with(boom, "--verbose") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1].startswith("error: unexpected TypeError")
+    assert run_with(disk) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: Permission denied: {tmp_path / 'lake'} (a file or the disk failed; check the path and space, then run again)"]
+    assert run_with(interrupted) == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C)\n"
+
+
+@pytest.mark.parametrize("argv", [["bogus"], [], ["sql"], ["generate", "--out", "x", "--transactions", "many"], ["run", "--nope"]])
+def test_usage_errors_are_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "--help`)" in err, err
+
+
+# --- help and version ---------------------------------------------------------------------------------
+
+def test_version_comes_from_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out == f"cdc {version('cdc-platform')}\n"
+    done = subprocess.run([str(CDC), "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == f"cdc {version('cdc-platform')}\n"
+
+
+def test_every_command_and_option_has_help_with_its_default() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {a.dest: a.help for a in sub._choices_actions}
+    assert set(sub.choices) == {"run", "stream", "sql", "generate", "demo", "rebuild", "maintain"}
+    for name, command in sub.choices.items():
+        assert summaries[name] and command.description, name
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"cdc {name} {action.option_strings or action.dest}"
+            assert action.help, where
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                assert "(default: %(default)" in action.help, where  # the printed default is the real one
+            elif action.option_strings and not action.required:
+                assert "default" in action.help, where  # what happens without the flag
+        assert "%(" not in command.format_help()
+    top = parser.format_help()
+    assert "--version" in top and "--verbose" in top and all(f"    {n}" in top for n in sub.choices)
