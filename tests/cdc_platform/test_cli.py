@@ -256,3 +256,83 @@ def test_every_command_and_option_has_help_with_its_default() -> None:
         assert "%(" not in command.format_help()
     top = parser.format_help()
     assert "--version" in top and "--verbose" in top and all(f"    {n}" in top for n in sub.choices)
+
+
+# --- the demo and a second run --------------------------------------------------------------------------
+
+def test_demo_names_what_it_counts_and_its_commands_work_as_printed(tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CDC_MASK_SALT", raising=False)
+    assert main(["demo", "--dir", "demo", "--transactions", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "open transactions; beside them the stage's state remembers" in out and "finished ones" in out
+    assert "live rows (`customers__full_view`); the Delta table stores" in out and "tombstones of deleted rows" in out
+    assert "customers__clean_view shows `email` as NULL: the column is masked" in out and "$CDC_MASK_SALT, which is not set" in out
+    total, _, phases = out.strip().splitlines()[-1].partition(" s in all: ")
+    assert "counting what landed" in phases and float(total) >= sum(float(p.split()[-2]) for p in phases.rstrip(".").split(", "))
+    commands = [line.strip() for line in out[out.index("Try next:"):].splitlines()[1:4]]
+    assert len(commands) == 3
+    for command in commands:
+        argv = shlex.split(command)
+        program = argv[0]
+        assert program == "cdc" and shutil.which("cdc") or os.access(program, os.X_OK), f"{program} does not run as printed"
+        assert main(argv[1:]) == 0, command  # same working directory: the printed relative lake path resolves
+    capsys.readouterr()
+
+
+def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    assert main(["demo", "--dir", str(tmp_path / "mine")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no cdc.yaml written by `cdc demo`" in err
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "precious"
+    (tmp_path / "file").write_text("x")
+    assert main(["demo", "--dir", str(tmp_path / "file")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def full_views(query: Any, lake: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    views = {}
+    for table in ("customers", "charges", "refunds"):
+        rows = query(lake, f"SELECT * FROM {table}__full_view")
+        views[table] = {r["id"]: {k: v for k, v in r.items() if not k.startswith("_")} for r in rows}
+    return views
+
+
+def test_generate_append_then_a_second_run_lands_the_increment(tmp_path: Path, spark: Any, query: Any,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from cdc_platform import checks
+    from tests.cdc_platform.test_generate import distinct_changes, in_history_order, read_landing, row_key
+
+    config = str(tmp_path / "cdc.yaml")
+    assert main(["generate", "--out", str(tmp_path), "--transactions", "80"]) == 0
+    assert main(["run", "--config", config]) == 0
+    first = full_views(query, tmp_path / "lake")
+    assert main(["generate", "--out", str(tmp_path), "--transactions", "80"]) == 2
+    assert "already contains files" in capsys.readouterr().err
+    assert main(["generate", "--out", str(tmp_path), "--append", "--transactions", "80"]) == 0
+    assert "wrote an increment of" in capsys.readouterr().err
+    assert main(["run", "--config", config]) == 0
+    second = full_views(query, tmp_path / "lake")
+
+    expected: dict[str, dict[int, Any]] = {"customers": {}, "charges": {}, "refunds": {}}
+    for line in in_history_order(distinct_changes(read_landing(tmp_path / "landing"))):
+        expected[line.obj["source"]["table"]][row_key(line.obj)] = line.obj["after"]
+    for table, rows in expected.items():
+        assert second[table] == {k: v for k, v in rows.items() if v is not None}, table
+    customers_before, customers_after = first["customers"], second["customers"]
+    assert any(k in customers_after and customers_after[k] != v for k, v in customers_before.items()), "updates are visible"
+    assert set(customers_before) - set(customers_after) or set(first["charges"]) - set(second["charges"]), "deletes are hidden"
+    assert set(customers_after) - set(customers_before), "new rows are present"
+    outcome = checks.completeness(spark, tmp_path / "lake", 60)
+    assert outcome.passed, outcome.description
+    transactions = query(tmp_path / "lake", "SELECT count(*) AS n FROM transactions")[0]["n"]
+    assert transactions == 160
+
+
+def test_append_without_a_workload_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--out", str(tmp_path / "empty"), "--append"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing to append to" in err
