@@ -239,7 +239,6 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--events-per-file", type=int, default=500, help="lines per landing file (generator default 500)")
     parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES, help=f"files per micro-batch (default {DEFAULT_MAX_FILES})")
-    parser.add_argument("--parse-workers", type=int, default=None, help="parser processes (default: the config's, one per core)")
     parser.add_argument("--skip-limit", action="store_true", help="measure the pipeline only")
     parser.add_argument("--naive-peer", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the naive peer: foreachBatch + a delta-spark MERGE per table (default on)")
@@ -314,12 +313,10 @@ def main() -> int:
         checkpoint=None,
         max_files_per_trigger=args.max_files_per_trigger,
     )
-    if args.parse_workers is not None:
-        config = with_overrides(config, parse_workers=args.parse_workers)
     job = IngestJob(config)
     say(f"(b) cdc run: stages that ran: {', '.join(stage_names(job))} (default_stages found: "
         f"{', '.join(type(s).__name__ for s in default_stages(config)) or 'none'}); "
-        f"max_files_per_trigger={args.max_files_per_trigger}, parse_workers={config.parse_workers}")
+        f"max_files_per_trigger={args.max_files_per_trigger}")
     mem = MemorySampler().start()
     wall0 = time.time()
     t0 = time.perf_counter()

@@ -45,7 +45,7 @@ _TOP_KEYS = {
     "tables",
     "trigger_interval",
     "max_files_per_trigger",
-    "parse_workers",
+    "parse_workers",  # removed (parsing moved onto the executors); known only to be refused with that reason
     "transaction_timeout",
     "transaction_retention",
     "snapshots",
@@ -133,11 +133,6 @@ def parse_duration(value: Any, entry: str) -> float:
     raise ConfigError(f"{entry} must be a duration such as '7 days', '12 hours' or a number of seconds, got {value!r}")
 
 
-def default_parse_workers() -> int:
-    """One parser process per core, at most 8 (beyond that the driver's commits dominate)."""
-    return max(1, min(8, os.cpu_count() or 1))
-
-
 @dataclass(frozen=True)
 class PlatformConfig:
     """Everything a run needs. Build it with `load_config`; never read the environment elsewhere."""
@@ -148,8 +143,6 @@ class PlatformConfig:
     checkpoint: Path | None = None
     trigger_interval: str = "5 seconds"
     max_files_per_trigger: int = 200
-    #: Processes that parse a large micro-batch in the driver; 1 parses inline. Default: the machine's cores (at most 8).
-    parse_workers: int = field(default_factory=lambda: default_parse_workers())
     transaction_timeout: float = 60.0
     #: How long (event time) a finished transaction is remembered so late arrivals get its fate; None: 5 x timeout.
     transaction_retention: float | None = None
@@ -271,9 +264,11 @@ def parse_config(
     if not isinstance(max_files, int) or isinstance(max_files, bool) or max_files < 1:
         raise ConfigError(f"{where}: `max_files_per_trigger` must be a positive integer, got {max_files!r}")
 
-    workers = raw.get("parse_workers", default_parse_workers())
-    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 64:
-        raise ConfigError(f"{where}: `parse_workers` must be an integer from 1 to 64 (1 parses in the driver's own process), got {workers!r}")
+    if "parse_workers" in raw:
+        raise ConfigError(
+            f"{where}: `parse_workers` is gone: lines are parsed on Spark's executors now, as many at once as the "
+            "cluster has cores (`spark_master`); delete the setting"
+        )
 
     timeout = raw.get("transaction_timeout", 60)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
@@ -299,7 +294,6 @@ def parse_config(
         checkpoint=checkpoint,
         trigger_interval=interval.strip(),
         max_files_per_trigger=max_files,
-        parse_workers=workers,
         transaction_timeout=float(timeout),
         transaction_retention=None if retention is None else float(retention),
         snapshots=path_of("snapshots", None) or (base / "snapshots").resolve(),

@@ -1,40 +1,39 @@
 """Ingest: the Structured Streaming job from landing files to the raw change-event log.
 
 Shape of the job: a file stream over the landing directory (any depth, new files picked up as they
-arrive) -> `foreachBatch`, where the driver takes the batch's lines as Arrow, parses them
-(`LineParser`: inline, or on a pool of worker processes for large batches) and commits them with
-delta-rs. Inside a batch the data flows one way: the raw log and markers first, then every later
-stage (latest state, transactions) from the same parsed batch, then dead letters and one
-`pipeline_metrics` row.
+arrive) -> `foreachBatch`, where the executors parse the batch's lines (`parse_spark.parse_lines`)
+and delta-spark commits them (`lake_spark`); the driver sees one small aggregate per batch. Inside a
+batch the data flows one way: the raw log and markers first, then every later stage (latest state,
+transactions) from the same parsed batch, then dead letters and one `pipeline_metrics` row.
+
+Move in progress (issue 10): the later stages still fold in the driver on Arrow and commit their own
+tables with delta-rs, so for them the batch's events are collected (`_stage_batch`); the raw log,
+markers, dead letters and metrics no longer pass through the driver.
 
 Exactly once: the file source's checkpoint (kept in the lake) names each batch's files, so a restart
-replays an unfinished batch with the same id and the same files; every commit is guarded by an
-application transaction `<query id>:<table>` = batch id (see `lake.py`), and the raw log and markers
-additionally dedup by event identity, so redelivered input inserts nothing.
+replays an unfinished batch with the same id and the same files; every commit carries Delta's
+application transaction `<query id>:<table>` = batch id, and Delta skips a write it already holds
+(see `lake_spark.py`); the raw log and markers additionally dedup by event identity, so redelivered
+input inserts nothing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import lake, schemas
+from cdc_platform import lake, lake_spark, parse_spark, schemas
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_arrow_batches
+from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError, ConfigError
 from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
 
@@ -43,6 +42,10 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle` whether time is up
+
+
+class _StopRequested(Exception):
+    """A micro-batch Spark started while the job was stopping: refused, so it replays on restart."""
 
 
 @dataclass
@@ -86,6 +89,31 @@ def default_stages(config: PlatformConfig) -> list[Stage]:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+def _spark() -> SparkSession:
+    """The session a tool or test drives the job's batch commit with (the stream passes its own)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    from cdc_platform.session import get_spark
+
+    return get_spark()
+
+
+def _parsed_frame(spark: SparkSession, parsed: pa.Table) -> DataFrame:
+    """A `PARSED` Arrow table as the parsed DataFrame `parse_spark.parse_lines` returns, in its row order."""
+    from pyspark.sql import functions as F
+
+    frame = lake_spark.from_arrow(spark, parsed, schemas.PARSED).coalesce(1)
+    return frame.withColumn(parse_spark.SEQ, F.monotonically_increasing_id())
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Spark's Arrow output in the exact types (and nullability) the stages expect."""
+    return pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in schema], schema=schema)
 
 
 def split_parsed(parsed: pa.Table, batch_id: int, ingested_at: dt.datetime | None = None) -> ParsedBatch:
@@ -149,97 +177,6 @@ def _dedup_first(table: pa.Table, column: str) -> tuple[pa.Table, int]:
     return table.take(first.take(pc.sort_indices(first))), table.num_rows - len(first)  # first row per id, in input order
 
 
-def _to_ipc(data: pa.RecordBatch | pa.Table) -> pa.Buffer:
-    """Arrow IPC bytes: unlike pickling a slice, the stream carries only the slice's own bytes."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write(data)
-    return sink.getvalue()
-
-
-def _parse_table(lines: pa.Table, keys: KeySpec) -> pa.Table:
-    """(value, source_file) lines -> `PARSED` rows, batch by batch as the table holds them."""
-    return pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED)
-
-
-def _parse_ipc(blob: pa.Buffer, keys: KeySpec) -> pa.Buffer:
-    """A pool worker's task: `_parse_table`, with lines in and rows out as Arrow IPC."""
-    return _to_ipc(_parse_table(pa.ipc.open_stream(blob).read_all(), keys))
-
-
-def _exit_with_parent(parent: int) -> None:
-    """Pool worker initializer: leave when the driver is gone (SIGKILLed drivers must not leave orphans)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-class LineParser:
-    """Parses a micro-batch's lines in the driver: inline when small, on worker processes when large.
-
-    Why not in Spark: every batch ends in the driver anyway (delta-rs commits there), and parsing inside
-    `mapInArrow` made each line cross JVM -> Python worker -> JVM -> driver; measured on 505,616 lines
-    (benchmarks/README.md) that round trip cost 10.5-10.9 s against 5.0 s for one `toArrow()` of the raw
-    lines plus a two-process pool here, and small stream batches paid ~0.2 s of fixed worker overhead.
-    Chunks travel as Arrow IPC and come back in order, so the result is the same as parsing inline.
-    Workers are spawned (not forked: the driver holds JVM gateway threads) on the first large batch, so
-    a program that embeds the job needs Python's usual `if __name__ == "__main__":` guard.
-
-    A pool that breaks (a worker killed, or unable to start) costs speed, never the batch: that batch
-    is parsed inline, and after `MAX_POOL_FAILURES` breaks the job parses inline from then on.
-    """
-
-    MAX_POOL_FAILURES = 2
-
-    def __init__(
-        self, keys: KeySpec, workers: int, *, chunk_rows: int = 10_000, inline_below: int = 20_000,
-        warn: Callable[[str], None] | None = None,
-    ) -> None:
-        self.keys = keys
-        self.workers = workers
-        self.chunk_rows = chunk_rows
-        self.inline_below = inline_below
-        self.warn = warn or (lambda _msg: None)
-        self.pool_failures = 0
-        self._pool: ProcessPoolExecutor | None = None
-
-    def parse(self, lines: pa.Table) -> pa.Table:
-        lines = lines.select(["value", "source_file"])
-        if self.workers <= 1 or lines.num_rows < self.inline_below or self.pool_failures >= self.MAX_POOL_FAILURES:
-            return self._inline(lines)
-        chunks = [_to_ipc(b) for b in lines.to_batches(max_chunksize=self.chunk_rows)]
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent, initargs=(os.getpid(),)
-            )
-        try:
-            blobs = list(self._pool.map(partial(_parse_ipc, keys=self.keys), chunks))
-        except BrokenProcessPool:
-            self.close()
-            self.pool_failures += 1
-            final = self.pool_failures >= self.MAX_POOL_FAILURES
-            self.warn(
-                "a parser worker process died (killed, out of memory, or the program that embeds the job lacks an "
-                "`if __name__ == \"__main__\":` guard); this micro-batch is parsed in the driver instead"
-                + ("; the pool is not used again in this run (set parse_workers: 1 to skip it)" if final else "")
-            )
-            return self._inline(lines)
-        return pa.concat_tables([pa.ipc.open_stream(b).read_all() for b in blobs]) if blobs else self._inline(lines)
-
-    def _inline(self, lines: pa.Table) -> pa.Table:
-        batches = lines.to_batches(max_chunksize=self.chunk_rows)
-        return _parse_table(pa.Table.from_batches(batches, lines.schema), self.keys)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-
 class IngestJob:
     """The streaming job for one lake. Use `run_available_now` (cdc run) or `start` (cdc stream)."""
 
@@ -257,19 +194,24 @@ class IngestJob:
         self._query_id: str | None = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()  # a batch and an idle call never interleave
+        self._stopping = threading.Event()  # set while the job stops: a batch that starts now is refused
         self._last_activity = time.monotonic()
         self._last_batch_id = -1
-        self.parser = LineParser(KeySpec(dict(config.keys_by_source)), config.parse_workers, warn=self.progress)
+        self.keys = KeySpec(dict(config.keys_by_source))
 
     # -- set-up -------------------------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, spark: SparkSession | None = None) -> None:
         """Create the lake's tables and registry so readers see them before any data lands."""
         cfg = self.config
+        spark = spark or _spark()
         cfg.lake.mkdir(parents=True, exist_ok=True)
-        lake.ensure_table(self.path(RAW), schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)
-        lake.ensure_table(self.path(MARKERS), schemas.TRANSACTION_MARKERS, schemas.MARKERS_PARTITION_BY)
-        lake.ensure_table(self.path(DEAD_LETTER), schemas.DEAD_LETTER)
-        lake.ensure_table(self.path(METRICS), schemas.PIPELINE_METRICS)
+        for name, schema, partition_by in (
+            (RAW, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY),
+            (MARKERS, schemas.TRANSACTION_MARKERS, schemas.MARKERS_PARTITION_BY),
+            (DEAD_LETTER, schemas.DEAD_LETTER, []),
+            (METRICS, schemas.PIPELINE_METRICS, []),
+        ):
+            lake_spark.ensure_table(spark, self.path(name), lake_spark.spark_schema(schema), partition_by)
         for stage in self.stages:
             stage.setup(cfg)
         lake.write_registry(cfg)
@@ -279,45 +221,64 @@ class IngestJob:
 
     # -- one batch ----------------------------------------------------------------------------------
     def process_parsed(
-        self, parsed: pa.Table, batch_id: int, query_id: str, *, before: dict[str, float] | None = None, started: dt.datetime | None = None
+        self, parsed: DataFrame | pa.Table, batch_id: int, query_id: str, *, before: dict[str, float] | None = None,
+        started: dt.datetime | None = None,
     ) -> BatchReport:
         """Commit one parsed micro-batch to every table, exactly once per (query id, batch id).
 
-        `before` carries the seconds spent on this batch before it was parsed (collecting it, parsing),
-        `started` when that began, so the batch's metrics cover all of the driver's work on it.
+        `parsed` is what `parse_spark.parse_lines` returns (or, from tools and tests, a `PARSED` Arrow
+        table, taken in its row order). `before` carries seconds spent on this batch before (parsing),
+        `started` when that began, so the batch's metrics cover all of the job's work on it.
         """
         t0 = time.perf_counter() - sum((before or {}).values())
         started = started or _now()
-        batch = split_parsed(parsed, batch_id, started)
+        if isinstance(parsed, pa.Table):
+            parsed = _parsed_frame(_spark(), parsed)
+        parsed = parsed.persist()
+        try:
+            return self._commit_batch(parsed, batch_id, query_id, t0=t0, started=started, before=before)
+        finally:
+            parsed.unpersist()
+
+    def _commit_batch(
+        self, parsed: DataFrame, batch_id: int, query_id: str, *, t0: float, started: dt.datetime, before: dict[str, float] | None
+    ) -> BatchReport:
+        spark = parsed.sparkSession
+        t = time.perf_counter()
+        split = parse_spark.split(parsed, batch_id, started)
+        figures_ = split.figures
         ctx = BatchContext(self.config, query_id, batch_id)
-        seconds: dict[str, float] = dict(before or {})
+        seconds: dict[str, float] = {**(before or {}), "split": time.perf_counter() - t}
         landed: dict[str, int] = {}
         figures: dict[str, float] = {}
 
         t = time.perf_counter()
-        inserted = lake.insert_new_once(
-            self.path(RAW), batch.events, "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position"
-        )
+        events = split.events.drop(parse_spark.SEQ)
+        inserted = lake_spark.insert_new_once(events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position")
         landed[RAW] = inserted if inserted is not None else 0
-        markers_inserted = lake.insert_new_once(
-            self.path(MARKERS), batch.markers, "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id, range_column="transaction_id"
+        markers_inserted = lake_spark.insert_new_once(
+            split.markers.drop(parse_spark.SEQ), self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+            range_column="transaction_id",
         )  # the marker id is `<transaction id>|<status>`
         landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
         seconds["raw"] = time.perf_counter() - t
         replayed = inserted is None
-        duplicates = batch.in_batch_duplicates
-        if not replayed:
-            duplicates += batch.events.num_rows - landed[RAW] + batch.markers.num_rows - landed[MARKERS]
+        distinct = figures_.distinct_events + figures_.distinct_markers
+        duplicates = figures_.in_batch_duplicates + (0 if replayed else distinct - landed[RAW] - landed[MARKERS])
 
-        dead_tables = [batch.dead_letters]
+        t = time.perf_counter()
+        batch = self._stage_batch(split, batch_id, started)
+        seconds["collect"] = time.perf_counter() - t
         isolated = 0
 
         def write_isolated(rows: pa.Table, stage_name: str) -> None:
             nonlocal isolated
             isolated += rows.num_rows
-            if lake.append_once(self.path(DEAD_LETTER), rows, ctx.app_id(f"{DEAD_LETTER}.{stage_name}"), batch_id):
+            dead_rows = lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER)
+            if lake_spark.append_once(dead_rows, self.path(DEAD_LETTER), ctx.app_id(f"{DEAD_LETTER}.{stage_name}"), batch_id):
                 landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + rows.num_rows
 
+        stage_dead: list[pa.Table] = []
         for stage in self.stages:
             t = time.perf_counter()
             result = run_stage(stage, batch, ctx, write_isolated)
@@ -326,31 +287,55 @@ class IngestJob:
                 landed[k] = landed.get(k, 0) + v
             figures.update({f"{stage.name}.{k}": float(v) for k, v in result.figures.items()})
             if result.dead_letters is not None and result.dead_letters.num_rows:
-                dead_tables.append(result.dead_letters)
+                stage_dead.append(result.dead_letters)
 
         t = time.perf_counter()
-        dead = pa.concat_tables(dead_tables) if len(dead_tables) > 1 else dead_tables[0]
-        if lake.append_once(self.path(DEAD_LETTER), dead, ctx.app_id(DEAD_LETTER), batch_id):
-            landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead.num_rows
+        dead_count = figures_.dead_letters + sum(d.num_rows for d in stage_dead)
+        if dead_count:
+            dead = split.dead_letters
+            for rows in stage_dead:
+                dead = dead.unionByName(lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER))
+            if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
+                landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
         seconds["dead_letter"] = time.perf_counter() - t
 
         report = BatchReport(
             batch_id=batch_id,
-            rows_read=batch.rows_read,
-            change_events=batch.events.num_rows,
-            markers=batch.markers.num_rows,
-            tombstones=batch.tombstones,
-            dead_letters=dead.num_rows + isolated,
+            rows_read=figures_.rows_read,
+            change_events=figures_.distinct_events,
+            markers=figures_.distinct_markers,
+            tombstones=figures_.tombstones,
+            dead_letters=dead_count + isolated,
             duplicates_skipped=duplicates,
             rows_landed=landed,
             stage_seconds=seconds,
             seconds=time.perf_counter() - t0,
         )
-        self._write_metrics(report, batch, figures, started, ctx)
+        self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx)
         return report
 
-    def _write_metrics(self, report: BatchReport, batch: ParsedBatch, figures: dict[str, float], started: dt.datetime, ctx: BatchContext) -> None:
-        newest = pc.max(batch.events.column("source_ts")).as_py() if batch.events.num_rows else None
+    def _stage_batch(self, split: parse_spark.SplitBatch, batch_id: int, started: dt.datetime) -> ParsedBatch:
+        """The batch the later stages take. They still work on Arrow in the driver (issue 10 moves them
+        onto Spark next), so only they collect the batch's events, and only when one is configured."""
+        def collect(rows: DataFrame, schema: pa.Schema) -> pa.Table:
+            return _conform(parse_spark.in_order(rows), schema) if self.stages else schema.empty_table()
+
+        figures_ = split.figures
+        return ParsedBatch(
+            batch_id=batch_id,
+            events=collect(split.events, schemas.RAW_CHANGE_EVENTS),
+            markers=collect(split.markers, schemas.TRANSACTION_MARKERS),
+            dead_letters=schemas.DEAD_LETTER.empty_table(),
+            tombstones=figures_.tombstones,
+            rows_read=figures_.rows_read,
+            in_batch_duplicates=figures_.in_batch_duplicates,
+            ingested_at=started,
+        )
+
+    def _write_metrics(
+        self, spark: SparkSession, report: BatchReport, newest: dt.datetime | None, figures: dict[str, float], started: dt.datetime,
+        ctx: BatchContext,
+    ) -> None:
         finished = _now()
         lag = (finished - newest).total_seconds() if newest is not None else None
         row = {
@@ -371,7 +356,7 @@ class IngestJob:
             "lag_seconds": lag,
         }
         table = pa.Table.from_pylist([row], schema=schemas.PIPELINE_METRICS)
-        lake.append_once(self.path(METRICS), table, ctx.app_id(METRICS), report.batch_id)
+        lake_spark.append_once(lake_spark.from_arrow(spark, table, schemas.PIPELINE_METRICS), self.path(METRICS), ctx.app_id(METRICS), report.batch_id)
 
     # -- streaming ----------------------------------------------------------------------------------
     def query_id(self) -> str:
@@ -384,15 +369,15 @@ class IngestJob:
     def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
         try:
             started = _now()
-            t = time.perf_counter()
-            lines = df.toArrow()
-            collected = time.perf_counter()
-            parsed = self.parser.parse(lines)
-            before = {"collect": collected - t, "parse": time.perf_counter() - collected}
+            parsed = parse_spark.parse_lines(df, self.keys)
             with self._batch_lock:
-                report = self.process_parsed(parsed, batch_id, self.query_id(), before=before, started=started)
+                if self._stopping.is_set():
+                    raise _StopRequested(f"batch {batch_id} started after the stop was asked for; it runs again on restart")
+                report = self.process_parsed(parsed, batch_id, self.query_id(), started=started)
                 self._last_activity = time.monotonic()
                 self._last_batch_id = batch_id
+        except _StopRequested:
+            raise
         except BaseException as exc:  # keep the original error; Spark would wrap it beyond recognition
             self._failure = exc
             raise
@@ -420,7 +405,7 @@ class IngestJob:
         )
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
-        self.setup()
+        self.setup(spark)
         self._discard_unfinished_checkpoint_writes()
         writer = self.stream(spark).writeStream.foreachBatch(self.foreach_batch).option(
             "checkpointLocation", str(self.config.checkpoint_dir)
@@ -448,30 +433,37 @@ class IngestJob:
     def run_available_now(self, spark: SparkSession) -> RunReport:
         """Process everything that has landed, then return (what `cdc run` and the Dagster asset do)."""
         t0 = time.perf_counter()
-        try:
-            query = self.start(spark, available_now=True)
-            self._await(query, None)
-        finally:
-            self.parser.close()
+        query = self.start(spark, available_now=True)
+        self._await(query, None)
         return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
 
-    def run_continuously(self, spark: SparkSession, interval: str | None = None, timeout: float | None = None) -> RunReport:
-        """Run until interrupted (Ctrl-C) or `timeout` seconds have passed."""
+    def run_continuously(
+        self, spark: SparkSession, interval: str | None = None, timeout: float | None = None, stop: threading.Event | None = None
+    ) -> RunReport:
+        """Run until interrupted (Ctrl-C), `timeout` seconds have passed, or `stop` is set (for programs that embed the job).
+
+        Every way out finishes the batch in flight first: stopping Spark's query mid-batch interrupts
+        the batch's writes (harmless for the lake, which replays it, but Spark then reports the
+        interrupt as a failure, with a stack trace).
+        """
         t0 = time.perf_counter()
         query = self.start(spark, available_now=False, interval=interval)
         stop_watch = threading.Event()
         watcher = self._watch_idle(query, stop_watch)
         try:
-            self._await(query, timeout)
+            self._await(query, timeout, stop)
         except KeyboardInterrupt:
             self.progress("stopping after the current batch ...")
         finally:
             stop_watch.set()
             if watcher is not None:
                 watcher.join()
+            self._stopping.set()
+            with self._batch_lock:  # the batch in flight, if any, ends first; later ones refuse to start
+                pass
             if query.isActive:
                 query.stop()
-            self.parser.close()
+            self._stopping.clear()
         return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
 
     def _watch_idle(self, query: StreamingQuery, stop: threading.Event) -> threading.Thread | None:
@@ -508,14 +500,17 @@ class IngestJob:
         thread.start()
         return thread
 
-    def _await(self, query: StreamingQuery, timeout: float | None) -> None:
+    def _await(self, query: StreamingQuery, timeout: float | None, stop: threading.Event | None = None) -> None:
         from pyspark.errors import StreamingQueryException
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            if timeout is None:
-                query.awaitTermination()
-            else:
+            if stop is None:
                 query.awaitTermination(timeout)
+            else:  # in slices, to notice `stop`
+                while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                    if query.awaitTermination(0.25 if deadline is None else max(0.0, min(0.25, deadline - time.monotonic()))):
+                        break
         except StreamingQueryException as exc:
             if self._failure is not None:
                 raise self._failure from None

@@ -4,34 +4,29 @@ Today's stages still commit through delta-rs (`lake.py`); this module is what th
 table, and it already holds the rules that move must keep:
 
 * Exactly once is Delta's own. Every micro-batch write carries an application transaction
-  (`txnAppId` = `<query id>:<table>`, `txnVersion` = batch id); Delta records it in the same commit
-  and skips a later write whose version is not above the recorded one, atomically, where delta-rs
-  only records it and the platform had to check it first. For appends the writer options carry it;
-  for MERGE, Delta reads the same pair from two session settings, which this module sets and clears
-  around the one command under a lock (settings are per session, shared by the stream's threads).
-* Identity dedup stays: the raw log and markers insert only ids they do not hold (MERGE ... WHEN NOT
-  MATCHED), so input redelivered under a new batch id, or after a lost checkpoint, inserts nothing.
-  The MERGE names the partitions the batch touches as literals, so its cost follows the batch.
+  (`txnAppId` = `<query id>:<table>`, `txnVersion` = batch id) as writer options; Delta records it in
+  the same commit and skips a later write whose version is not above the recorded one, atomically,
+  where delta-rs only records it and the platform had to check it first.
+* Identity dedup stays: the raw log and markers insert only ids they do not hold (an anti-join, then
+  the idempotent append), so input redelivered under a new batch id, or after a lost checkpoint,
+  inserts nothing. The lookup names the partitions and position range the batch touches as literals,
+  so its cost follows the batch.
 * Reads go through `spark.read.format("delta")`: the snapshot's own file list, never a directory
   listing (which would include files the log removed).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from delta.tables import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-#: Delta's session settings for idempotent DML (MERGE, UPDATE, DELETE); writer options win over them.
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-_TXN_LOCK = threading.Lock()
 
 
 def location(path: Path | str) -> str:
@@ -43,20 +38,62 @@ def read(spark: SparkSession, path: Path | str) -> DataFrame:
     return spark.read.format("delta").load(location(path))
 
 
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of one of the platform's Arrow schemas (`schemas.py`), nullability included."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema) -> DataFrame:
+    """A small driver-side Arrow table (dead letters, a metrics row) as a DataFrame of `schema`.
+
+    Only for rows the driver made itself; event data never comes this way (see `ingest`).
+    """
+    return spark.createDataFrame(data.select(schema.names).cast(schema), schema=spark_schema(schema))
+
+
 def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
-    """Create the table if it does not exist (an existing one is left as it is)."""
+    """Create the table if it does not exist; add the nullable columns `schema` has and an existing table lacks.
+
+    The platform's own tables gain columns between versions (the raw log's Kafka origin, say); a lake
+    made before gets them as one metadata commit, its rows reading null there. A missing column that
+    must not be null cannot be added that way, and says so.
+    """
     from delta.tables import DeltaTable
+
+    from cdc_platform.errors import LakeError
 
     builder = DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
-    return builder.execute()
+    table = builder.execute()
+    present = set(table.toDF().columns)
+    missing = [f for f in schema.fields if f.name not in present]
+    if missing:
+        required = [f.name for f in missing if not f.nullable]
+        if required:
+            raise LakeError(
+                f"the table at {path} lacks the required column(s) {', '.join(required)}; it was made by another "
+                "program or version: move it aside and rebuild it (`cdc rebuild`), or point the config at another lake"
+            )
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{location(path)}` ADD COLUMNS ({columns})")
+        table = DeltaTable.forPath(spark, location(path))
+    return table
 
 
 def version(spark: SparkSession, path: Path | str) -> int:
-    from delta.tables import DeltaTable
+    """The table's newest version, from Delta's own log handle.
 
-    return int(DeltaTable.forPath(spark, location(path)).history(1).first()["version"])
+    Asked around every micro-batch write (to tell a commit from a write Delta skipped as already
+    committed), so it must not cost a Spark job: `DESCRIBE HISTORY` runs one (0.8 s under load), the
+    cached `DeltaLog` only lists the log directory for commits newer than the one it holds (0.02 s).
+    """
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(path))  # type: ignore[attr-defined]
+    nothing = jvm.scala.Option.apply(None)
+    return int(delta_log.update(False, nothing, nothing).version())
 
 
 def last_commit(spark: SparkSession, path: Path | str) -> dict[str, Any]:
@@ -76,39 +113,52 @@ def append_once(df: DataFrame, path: Path | str, application: str, batch: int) -
 
 
 def insert_new_once(
-    df: DataFrame, path: Path | str, id_column: str, partition_column: str, application: str, batch: int
+    df: DataFrame,
+    path: Path | str,
+    id_column: str,
+    partition_column: str,
+    application: str,
+    batch: int,
+    range_column: str | None = None,
 ) -> int | None:
-    """Insert the rows of `df` whose id the table lacks, once per (application, batch).
+    """Append the rows of `df` whose id the table lacks, once per (application, batch).
 
-    Returns the rows inserted, or None when Delta skipped the batch as already committed. Only the
-    partitions the batch carries are searched for its ids: their values (a small aggregate) become
-    literals of the MERGE condition, which Delta prunes files by.
+    Returns the rows inserted, or None when Delta skipped the batch as already committed. The ids are
+    looked up only where they can be: the partitions the batch carries, and (with `range_column`, a
+    column the id determines, such as the source position) the batch's min/max of it, all as literals
+    from one small aggregate, which Delta prunes files by (partition values, then column statistics);
+    a batch of new positions reads only recent files. Bounds are left out when the batch has nulls in
+    that column; the lookup is then exact but reads the whole partitions.
+
+    Why an anti-join and an idempotent append rather than `MERGE ... WHEN NOT MATCHED INSERT`: it is
+    what Delta runs for an insert-only MERGE anyway, but an append carries `txnAppId`/`txnVersion` as
+    writer options (no session settings to guard) and the inserted count is the rows written, not a
+    `DESCRIBE HISTORY` job afterwards. One stream writes a lake, so nothing inserts between the lookup
+    and the append.
     """
-    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
     spark = df.sparkSession
-    parts = [row[0] for row in df.select(partition_column).distinct().collect()]
-    if not parts:
-        return 0
-    named = ", ".join(_sql_literal(p) for p in parts if p is not None)
-    within = [f"t.`{partition_column}` IN ({named})"] if named else []
-    if None in parts:
-        within.append(f"t.`{partition_column}` IS NULL")
-    condition = f"t.`{id_column}` = s.`{id_column}` AND ({' OR '.join(within)})"
-    before = version(spark, path)
-    with _TXN_LOCK:
-        spark.conf.set(TXN_APP_ID, application)
-        spark.conf.set(TXN_VERSION, str(batch))
-        try:
-            (DeltaTable.forPath(spark, location(path)).alias("t")
-             .merge(df.alias("s"), condition).whenNotMatchedInsertAll().execute())
-        finally:
-            spark.conf.unset(TXN_APP_ID)
-            spark.conf.unset(TXN_VERSION)
-    if version(spark, path) == before:
-        return None
-    metrics = last_commit(spark, path).get("operationMetrics") or {}
-    return int(metrics.get("numTargetRowsInserted", 0))
+    aggregates = [F.collect_set(F.col(partition_column)).alias("parts"), F.count(F.lit(1)).alias("n"),
+                  F.count(F.col(partition_column)).alias("with_part")]
+    if range_column is not None:
+        aggregates += [F.min(range_column).alias("lo"), F.max(range_column).alias("hi"), F.count(F.col(range_column)).alias("with_range")]
+    summary = df.agg(*aggregates).first()
+    if summary is None or summary["n"] == 0:
+        return 0  # nothing to record: a replay of an empty batch writes nothing either
+    within = [f"`{partition_column}` IN ({', '.join(_sql_literal(p) for p in summary['parts'])})"] if summary["parts"] else []
+    if summary["with_part"] < summary["n"]:
+        within.append(f"`{partition_column}` IS NULL")
+    condition = f"({' OR '.join(within)})"
+    if range_column is not None and summary["with_range"] == summary["n"]:
+        condition += f" AND `{range_column}` BETWEEN {_sql_literal(summary['lo'])} AND {_sql_literal(summary['hi'])}"
+    known = read(spark, path).where(condition).select(id_column)
+    fresh = df.join(known, on=id_column, how="left_anti").select(*df.columns).persist()
+    try:
+        inserted = fresh.count()
+        return inserted if append_once(fresh, path, application, batch) else None
+    finally:
+        fresh.unpersist()
 
 
 def optimize(spark: SparkSession, path: Path | str) -> dict[str, Any]:

@@ -195,8 +195,18 @@ def test_stream_picks_up_files_as_they_arrive(spark, make_config, land, query) -
         time.sleep(3)
         land("second.jsonl", [event(pos=2, row_id=2)])
 
+    stop = threading.Event()
+
+    def until_both_landed() -> None:
+        while not stop.is_set():
+            if sum(b.rows_read for b in list(job.reports)) >= 2:
+                stop.set()
+            time.sleep(0.2)
+
     threading.Thread(target=later, daemon=True).start()
-    report = job.run_continuously(spark, interval="500 milliseconds", timeout=9)
+    threading.Thread(target=until_both_landed, daemon=True).start()
+    report = job.run_continuously(spark, interval="500 milliseconds", timeout=240, stop=stop)
+    stop.set()
     assert sum(b.rows_read for b in report.batches) == 2
     assert count(query, cfg, "raw_change_events") == 2
 
@@ -225,88 +235,30 @@ def test_a_stream_killed_while_writing_its_first_offsets_restarts(make_config, l
     assert not list(offsets.glob(".*.tmp*"))
 
 
-def _corpus_and_peer_lines(peer_files: dict[str, Path]) -> pa.Table:
-    """Every committed bad-input line and every peer-data line, as the stream hands them to the parser."""
+def test_executors_parse_exactly_as_the_parser_in_the_driver(spark: Any, peer_files: dict[str, Path]) -> None:
+    """Parsing moved onto the executors (mapInArrow) must give the driver-side parser's rows, byte for byte, in order.
+
+    The reference is the path before the move: the stream's lines collected with `toArrow()` (invalid
+    UTF-8 and all) and parsed in the driver.
+    """
+    from pyspark.sql import functions as F
+
+    from cdc_platform import parse_spark, schemas
+    from cdc_platform.envelope import parse_arrow_batches
+    from cdc_platform.ingest import _conform
     from tests.cdc_platform.test_bad_input import CORPUS
 
-    values: list[bytes] = []
-    files: list[str] = []
-    for path in sorted(CORPUS.glob("*.jsonl")) + sorted(peer_files.values()):
-        for raw in path.read_bytes().splitlines():
-            values.append(raw)
-            files.append(str(path))
-    # Spark hands the text source's bytes over as (possibly invalid) UTF-8 strings: keep them as such.
-    value = pa.Array.from_buffers(pa.string(), len(values), pa.array(values, pa.binary()).buffers())
-    return pa.table({"value": value, "source_file": pa.array(files, pa.string())})
-
-
-def test_worker_pool_parses_exactly_as_inline(peer_files: dict[str, Path]) -> None:
-    """The pool path (chunks as Arrow IPC, results in order) must equal parsing in the driver."""
-    from cdc_platform.ingest import LineParser
-
-    lines = _corpus_and_peer_lines(peer_files)
-    assert lines.num_rows > 150, "corpus and peer data"
+    paths = [str(p) for p in sorted(CORPUS.glob("*.jsonl")) + sorted(peer_files.values())]
+    frame = (spark.read.format("text").load(paths).select(F.col("value"), F.col("_metadata.file_path").alias("source_file"))
+             .repartition(3))  # several partitions, so the order is (partition, row)
+    frame = frame.localCheckpoint()  # one fixed partitioning for both readings
     keys = KeySpec({"payments.customers": ("id",), "payments.charges": ("id",), "shop.order_items": ("order_id", "line_no")})
-    inline = LineParser(keys, workers=1).parse(lines)
-    pooled_parser = LineParser(keys, workers=2, chunk_rows=37, inline_below=0)
-    try:
-        pooled = pooled_parser.parse(lines)
-    finally:
-        pooled_parser.close()
-    assert inline.num_rows == lines.num_rows
-    assert pooled.equals(inline)
-    assert set(inline.column("kind").to_pylist()) == {"change", "marker", "dead_letter", "tombstone"}
-
-
-def test_a_dead_parser_worker_costs_speed_never_the_batch(peer_files: dict[str, Path]) -> None:
-    import multiprocessing
-    import os
-    import signal
-
-    from cdc_platform.ingest import LineParser
-
-    lines = _corpus_and_peer_lines(peer_files)
-    warnings: list[str] = []
-    parser = LineParser(KeySpec({}), workers=2, chunk_rows=50, inline_below=0, warn=warnings.append)
-    expected = LineParser(KeySpec({}), workers=1).parse(lines)
-    try:
-        for attempt in range(3):
-            assert parser.parse(lines).equals(expected)  # starts (or restarts) the pool
-            for child in multiprocessing.active_children():
-                os.kill(child.pid, signal.SIGKILL)
-            assert parser.parse(lines).equals(expected), f"attempt {attempt}: the batch is parsed inline instead"
-        assert parser.pool_failures == LineParser.MAX_POOL_FAILURES, "after two breaks the pool is no longer used"
-        assert len(warnings) == 2 and "parsed in the driver instead" in warnings[0] and "not used again" in warnings[1]
-    finally:
-        parser.close()
-
-
-def test_parser_workers_leave_when_the_driver_is_killed(tmp_path: Path) -> None:
-    """A SIGKILLed driver cannot shut its pool down; the workers notice and exit by themselves."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    script = tmp_path / "driver.py"
-    script.write_text(
-        "import multiprocessing, os, signal, sys\n"
-        "import pyarrow as pa\n"
-        "from cdc_platform.envelope import KeySpec\n"
-        "from cdc_platform.ingest import LineParser\n"
-        "if __name__ == '__main__':\n"
-        "    LineParser(KeySpec({}), workers=2, chunk_rows=5, inline_below=0).parse(pa.table({'value': ['{}'] * 20, 'source_file': ['f'] * 20}))\n"
-        "    print(' '.join(str(c.pid) for c in multiprocessing.active_children()), flush=True)\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n",
-        encoding="utf-8",
-    )
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=repo,
-                          env={**os.environ, "PYTHONPATH": str(repo)})
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    workers = [int(p) for p in done.stdout.split()]
-    assert len(workers) == 2
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
-        time.sleep(0.2)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers), "orphaned parser workers"
+    lines = frame.toArrow()
+    assert lines.num_rows > 150, "corpus and peer data"
+    in_driver = pa.Table.from_batches(list(parse_arrow_batches(iter(lines.to_batches()), keys)), schemas.PARSED)
+    on_executors = parse_spark.parse_lines(frame, keys)
+    got = _conform(on_executors.orderBy(parse_spark.SEQ).drop(parse_spark.SEQ).toArrow(), schemas.PARSED)
+    assert got.num_rows == lines.num_rows
+    assert got.equals(in_driver)
+    assert set(got.column("kind").to_pylist()) == {"change", "marker", "dead_letter", "tombstone"}
+    assert on_executors.rdd.getNumPartitions() == 3, "parsed where the lines are, no shuffle to one place"

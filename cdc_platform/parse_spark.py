@@ -1,0 +1,152 @@
+"""The envelope parser on Spark's executors, and the split of a parsed micro-batch by destination.
+
+Parsing runs where the lines are: `parse_lines` hands each partition's (value, source_file) lines to
+`envelope.parse_arrow_batches` in an Arrow-based Python function on the executors (`mapInArrow`), the
+same code the tests run on the bad-input corpus and the peer data, so the rows, reason codes,
+positions and identities are the parser's, byte for byte. Spark's JSON functions cannot do it: the
+envelope's identity hashes canonical JSON, numbers must keep every digit, and a line's kind (change,
+marker, tombstone, dead letter) decides its columns.
+
+`split` turns the parsed rows into the DataFrames the raw log, the markers and the dead letters take,
+deduplicated within the batch by identity (the first in input order wins, as before the move), and
+one small aggregate the driver needs for the batch's metrics. Nothing here collects events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from cdc_platform import schemas
+from cdc_platform.envelope import KeySpec, parse_arrow_batches
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+#: The input order of a parsed row within its batch (`monotonically_increasing_id`: partition, row).
+SEQ = "_seq"
+
+
+def _parse_partition(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:
+    """What each executor runs: its partition's lines, in order, as `PARSED` rows (one per line)."""
+    yield from parse_arrow_batches(batches, keys)
+
+
+def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
+    """(value, source_file) lines -> `PARSED` rows plus their input order (`SEQ`), parsed on the executors.
+
+    The order is taken after parsing: the function emits one row per line in the order it reads
+    them and keeps the partitioning, so (partition, row) is the lines' order.
+    """
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake_spark import spark_schema
+
+    parsed = lines.select("value", "source_file").mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
+    return parsed.withColumn(SEQ, F.monotonically_increasing_id())
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """The small aggregate of one parsed batch (one row collected to the driver)."""
+
+    rows_read: int
+    change_events: int
+    distinct_events: int
+    markers: int
+    distinct_markers: int
+    tombstones: int
+    dead_letters: int
+    newest_source_ts: dt.datetime | None
+
+    @property
+    def in_batch_duplicates(self) -> int:
+        return self.change_events - self.distinct_events + self.markers - self.distinct_markers
+
+
+@dataclass(frozen=True)
+class SplitBatch:
+    """A parsed micro-batch as DataFrames shaped to their tables; events and markers keep `SEQ`."""
+
+    events: DataFrame  # RAW_CHANGE_EVENTS + SEQ, one row per event id
+    markers: DataFrame  # TRANSACTION_MARKERS + SEQ, one row per marker id
+    dead_letters: DataFrame  # DEAD_LETTER
+    figures: BatchFigures
+
+
+def figures_of(parsed: DataFrame) -> BatchFigures:
+    from pyspark.sql import functions as F
+
+    kind = F.col("kind")
+
+    def count(k: str) -> Column:
+        return F.count(F.when(kind == k, F.lit(1)))
+
+    row = parsed.agg(
+        F.count(F.lit(1)).alias("rows_read"),
+        count("change").alias("change_events"),
+        F.count_distinct(F.when(kind == "change", F.col("event_id"))).alias("distinct_events"),
+        count("marker").alias("markers"),
+        F.count_distinct(F.when(kind == "marker", F.col("marker_id"))).alias("distinct_markers"),
+        count("tombstone").alias("tombstones"),
+        count("dead_letter").alias("dead_letters"),
+        F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
+    ).first()
+    assert row is not None  # a global aggregate always has one row
+    values = row.asDict()
+    newest = values.pop("newest_source_ts")  # as a number: Python reads Spark timestamps in its local zone
+    at = None if newest is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=newest)
+    return BatchFigures(**values, newest_source_ts=at)
+
+
+def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBatch:
+    """Shape the parsed rows to the raw log, markers and dead-letter tables (lazily, but the aggregate)."""
+    from pyspark.sql import functions as F
+
+    today = F.lit(ingested_at.date())
+    at = F.lit(ingested_at).cast("timestamp")
+    kind = F.col("kind")
+    events = _first_per_id(
+        _shape(parsed.where(kind == "change"), schemas.RAW_CHANGE_EVENTS, {"ingested_at": at, "event_date": F.coalesce(F.col("event_date"), today)}),
+        "event_id",
+    )
+    markers = _first_per_id(
+        _shape(parsed.where(kind == "marker"), schemas.TRANSACTION_MARKERS, {"ingested_at": at, "marker_date": F.coalesce(F.col("marker_date"), today)}),
+        "marker_id",
+    )
+    dead = _shape(
+        parsed.where(kind == "dead_letter"),
+        schemas.DEAD_LETTER,
+        {"stage": F.lit("ingest"), "event_id": F.lit(None).cast("string"), "batch_id": F.lit(batch_id).cast("bigint"), "dead_lettered_at": at},
+        keep_seq=False,
+    )
+    return SplitBatch(events=events, markers=markers, dead_letters=dead, figures=figures_of(parsed))
+
+
+def _shape(rows: DataFrame, schema: pa.Schema, computed: dict[str, Column], *, keep_seq: bool = True) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake_spark import spark_schema
+
+    target = spark_schema(schema)
+    columns = [(computed[f.name] if f.name in computed else F.col(f.name)).cast(f.dataType).alias(f.name) for f in target.fields]
+    return rows.select(*columns, *([F.col(SEQ)] if keep_seq else []))
+
+
+def _first_per_id(rows: DataFrame, id_column: str) -> DataFrame:
+    """One row per id: the first in input order (a redelivered line later in the batch adds nothing)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    first = F.row_number().over(Window.partitionBy(id_column).orderBy(SEQ))
+    return rows.withColumn("_n", first).where(F.col("_n") == 1).drop("_n")
+
+
+def in_order(rows: DataFrame) -> pa.Table:
+    """Collect rows in input order, without `SEQ`: for the stages not yet moved onto Spark (issue 10)."""
+    return rows.orderBy(SEQ).drop(SEQ).toArrow()
