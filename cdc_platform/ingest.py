@@ -1,14 +1,14 @@
-"""Ingest: the Structured Streaming job from landing files to the raw change-event log.
+"""Ingest: the Structured Streaming job from landing files or Kafka topics to the raw change-event log.
 
-Shape of the job: a file stream over the landing directory (any depth, new files picked up as they
-arrive) -> `foreachBatch`, where the driver takes the batch's lines as Arrow, parses them
+Shape of the job: a stream of lines from the configured source (`sources.py`: the landing directory at
+any depth, new files picked up as they arrive; or Kafka topics) -> `foreachBatch`, where the driver takes the batch's lines as Arrow, parses them
 (`LineParser`: inline, or on a pool of worker processes for large batches) and commits them with
 delta-rs. Inside a batch the data flows one way: the raw log and markers first, then every later
 stage (latest state, transactions) from the same parsed batch, then dead letters and one
 `pipeline_metrics` row.
 
-Exactly once: the file source's checkpoint (kept in the lake) names each batch's files, so a restart
-replays an unfinished batch with the same id and the same files; every commit is guarded by an
+Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
+ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit is guarded by an
 application transaction `<query id>:<table>` = batch id (see `lake.py`), and the raw log and markers
 additionally dedup by event identity, so redelivered input inserts nothing.
 """
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import lake, schemas
+from cdc_platform import lake, schemas, sources
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
-from cdc_platform.errors import CdcError, ConfigError
+from cdc_platform.errors import CdcError
 from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ class LineParser:
         self._pool: ProcessPoolExecutor | None = None
 
     def parse(self, lines: pa.Table) -> pa.Table:
-        lines = lines.select(["value", "source_file"])
+        lines = lines.select(sources.input_columns(lines.column_names))  # Kafka adds its key and origin
         if self.workers <= 1 or lines.num_rows < self.inline_below or self.pool_failures >= self.MAX_POOL_FAILURES:
             return self._inline(lines)
         chunks = [_to_ipc(b) for b in lines.to_batches(max_chunksize=self.chunk_rows)]
@@ -405,19 +405,8 @@ class IngestJob:
         )
 
     def stream(self, spark: SparkSession) -> DataFrame:
-        """The landing files as a stream of (value, source_file) lines; `foreach_batch` parses them."""
-        from pyspark.sql import functions as F
-
-        landing = self.config.landing
-        if not landing.is_dir():
-            raise ConfigError(f"landing directory {landing} does not exist; create it or pass --landing DIR")
-        return (
-            spark.readStream.format("text")
-            .option("recursiveFileLookup", "true")
-            .option("maxFilesPerTrigger", str(self.config.max_files_per_trigger))
-            .load(str(landing))
-            .select(F.col("value"), F.col("_metadata.file_path").alias("source_file"))
-        )
+        """The configured source (landing files or Kafka) as lines in `sources.py`'s column contract; `foreach_batch` parses them."""
+        return sources.stream(spark, self.config)
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
         self.setup()
