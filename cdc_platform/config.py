@@ -187,7 +187,7 @@ class KafkaSourceConfig:
         return opts
 
     def describe(self) -> str:
-        what = f"pattern {self.subscribe_pattern!r}" if self.subscribe_pattern is not None else "topics " + ", ".join(self.topics)
+        what = f"pattern {self.subscribe_pattern}" if self.subscribe_pattern is not None else "topics " + ", ".join(self.topics)
         return f"kafka {self.bootstrap_servers} ({what})"
 
 
