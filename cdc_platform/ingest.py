@@ -1,16 +1,16 @@
 """Ingest: the Structured Streaming job from landing files or Kafka topics to the raw change-event log.
 
 Shape of the job: a stream of lines from the configured source (`sources.py`: the landing directory at
-any depth, new files picked up as they arrive; or Kafka topics) -> `foreachBatch`, where the driver takes the batch's lines as Arrow, parses them
-(`LineParser`: inline, or on a pool of worker processes for large batches) and commits them with
-delta-rs. Inside a batch the data flows one way: the raw log and markers first, then every later
+any depth, new files picked up as they arrive; or Kafka topics) -> `foreachBatch`, where the driver
+takes the batch's lines as Arrow, parses them (`LineParser`: inline, or on a pool of worker processes
+for large batches) and commits them with delta-rs. Inside a batch the data flows one way: the raw log and markers first, then every later
 stage (latest state, transactions) from the same parsed batch, then dead letters and one
 `pipeline_metrics` row.
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
-ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit is guarded by an
-application transaction `<query id>:<table>` = batch id (see `lake.py`), and the raw log and markers
-additionally dedup by event identity, so redelivered input inserts nothing.
+ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit is
+guarded by an application transaction `<query id>:<table>` = batch id (see `lake.py`), and the raw log
+and markers additionally dedup by event identity, so redelivered input inserts nothing.
 """
 
 from __future__ import annotations
@@ -405,7 +405,7 @@ class IngestJob:
         )
 
     def stream(self, spark: SparkSession) -> DataFrame:
-        """The configured source (landing files or Kafka) as lines in `sources.py`'s column contract; `foreach_batch` parses them."""
+        """The configured source (files or Kafka) as lines in `sources.py`'s column contract; `foreach_batch` parses them."""
         return sources.stream(spark, self.config)
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:

@@ -69,3 +69,20 @@ def test_file_lines_have_null_origin_and_non_utf8_kafka_values_dead_letter() -> 
     bad = bad.set_column(0, "value", pa.array([b"\xff{}"], pa.binary()).view(pa.string()))
     row = next(parse_arrow_batches(iter([bad]), KEYS)).to_pylist()[0]
     assert row["reason_code"] == "not_utf8" and row["kafka_offset"] == 9
+
+
+def test_the_parser_pool_carries_the_kafka_columns_like_the_inline_parser() -> None:
+    from cdc_platform.ingest import LineParser
+
+    n = 40
+    values = [change("c", None, {"id": i}, 100 + i) if i % 5 else None for i in range(n)]
+    batch = kafka_batch(values, [wrapped_key(i) for i in range(n)], list(range(n)))
+    lines = pa.Table.from_batches([batch]).append_column("ignored", pa.array(["x"] * n))  # other columns are dropped
+    inline = LineParser(KEYS, workers=1).parse(lines)
+    pool = LineParser(KEYS, workers=2, chunk_rows=7, inline_below=1)
+    try:
+        pooled = pool.parse(lines)
+    finally:
+        pool.close()
+    assert pool.pool_failures == 0 and pooled.equals(inline)
+    assert inline.column("kafka_offset").to_pylist() == list(range(n))
