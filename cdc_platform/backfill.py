@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from cdc_platform import lake
+from cdc_platform import lake, schemas
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope import KeySpec, canonical_json, parse_line, rows_to_batch
 from cdc_platform.errors import ConfigError, LakeError
@@ -212,6 +212,7 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     table = config.table(name)
     if not lake.exists(lake.table_path(config.lake, RAW)):
         raise LakeError(f"{config.lake} has no raw_change_events yet; run `cdc run` once before a backfill")
+    lake.ensure_table(lake.table_path(config.lake, RAW), schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)  # columns added since the lake was made
     lines = read_snapshot(config, table)
     keys = KeySpec({table.source: table.key})
     parsed = pa.Table.from_batches([rows_to_batch([parse_line(line, src, keys) for line, src in lines])])

@@ -96,7 +96,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     spark = _spark(config.spark_master)
     job = IngestJob(config, progress=_say)
     interval = args.trigger_interval or config.trigger_interval
-    _say(f"streaming {config.landing} -> {config.lake} every {interval}; Ctrl-C to stop")
+    _say(f"streaming {config.describe_source()} -> {config.lake} every {interval}; Ctrl-C to stop")
     job.run_continuously(spark, interval=interval, timeout=args.timeout)
     return 0
 

@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import simplejson
 
-from cdc_platform.schemas import PARSED
+from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS, PARSED
 
 try:  # optional speed-up (several times faster JSON); used only where its output is the stdlib's, byte for byte
     import orjson as _orjson
@@ -100,6 +100,27 @@ class KeySpec:
 
     def for_table(self, table_id: str) -> Sequence[str] | None:
         return self.keys_by_source.get(table_id)
+
+
+class RecordKey:
+    """A Kafka record's key, as JSON text, read only when an event needs it.
+
+    Its one use is the file dump's `{"key": ...}`: naming the row of a delete without a `before` image.
+    Nearly no event needs it, so its JSON is parsed on demand; a key that is not a JSON object (after
+    the converter's schema wrapper is stripped) names no row.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def value(self) -> Any:
+        try:
+            key, _ = _unwrap(_loads(self.text))
+        except (ValueError, _Dead, RecursionError):
+            return None
+        return key
 
 
 def reason_text(code: str, detail: str = "") -> str:
@@ -380,11 +401,12 @@ def _blank_row(kind: str, line: str, source_file: str | None) -> dict[str, Any]:
     return {"kind": kind, "line": line, "source_file": source_file}
 
 
-def parse_line(line: str | None, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+def parse_line(line: str | None, source_file: str | None, keys: KeySpec, record_key: str | None = None) -> dict[str, Any]:
     """Normalise one input line into a row of the `PARSED` schema (missing columns are null).
 
     A leading byte-order mark (a file written by a Windows tool) is encoding metadata, not data: it is
-    skipped for parsing and kept in `line`.
+    skipped for parsing and kept in `line`. `record_key` is the Kafka record's key (JSON text) when the
+    line is a Kafka record's value: it plays the part of a file dump's `key` (see `RecordKey`).
     """
     if line is None or not line.strip() or line.strip() == "null":
         return _blank_row("tombstone", line or "", source_file)
@@ -400,21 +422,21 @@ def parse_line(line: str | None, source_file: str | None, keys: KeySpec) -> dict
     except ValueError as exc:
         return _dead_row(line, source_file, _Dead("not_json", str(exc)[:120]))
     try:
-        return _parse_object(obj, line, source_file, keys)
+        return _parse_object(obj, line, source_file, keys, None if record_key is None else RecordKey(record_key))
     except _Dead as dead:
         return _dead_row(line, source_file, dead)
     except RecursionError:  # the stdlib writer recurses a little deeper than its reader did
         return _dead_row(line, source_file, _Dead("too_deep", "while writing the row image"))
 
 
-def parse_bytes(raw: bytes, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+def parse_bytes(raw: bytes, source_file: str | None, keys: KeySpec, record_key: str | None = None) -> dict[str, Any]:
     """`parse_line` for a line Spark handed over as bytes that may not be UTF-8 (it does not check)."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         detail = f"byte 0x{raw[exc.start]:02x} at offset {exc.start}"
         return _dead_row(raw.decode("utf-8", "backslashreplace"), source_file, _Dead("not_utf8", detail))
-    return parse_line(line, source_file, keys)
+    return parse_line(line, source_file, keys, record_key)
 
 
 def _dead_row(line: str, source_file: str | None, dead: _Dead) -> dict[str, Any]:
@@ -437,12 +459,12 @@ def _json_type(obj: Any) -> str:
     return "null"
 
 
-def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
+def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec, record_key: RecordKey | None = None) -> dict[str, Any]:
     if obj is None:
         return _blank_row("tombstone", line, source_file)
     if not isinstance(obj, dict):
         raise _Dead("not_object", f"{_json_type(obj)}")
-    message_key: Any = None
+    message_key: Any = record_key
     if "value" in obj and "key" in obj and "op" not in obj and "payload" not in obj:
         # A Kafka record dumped with its key: the key names the row of a keyless delete.
         message_key, _ = _unwrap(obj["key"])
@@ -498,6 +520,8 @@ def _parse_change(
     key_cols = keys.for_table(table_id)
     key_text: str | None = None
     if op == "d" and before is None:
+        if isinstance(message_key, RecordKey):
+            message_key = message_key.value()
         if isinstance(message_key, dict) and message_key:
             before_for_key: dict[str, Any] | None = message_key
         else:
@@ -652,12 +676,17 @@ def _parse_stripe_marker(env: dict[str, Any], line: str, source_file: str | None
     return _marker_row(raw_id, status, count, collections, "stripe", ts, line, source_file)
 
 
-def _tombstone_or_bytes(raw: bytes | None, source_file: str | None, keys: KeySpec) -> dict[str, Any]:
-    return parse_line(None, source_file, keys) if raw is None else parse_bytes(raw, source_file, keys)
+def _tombstone_or_bytes(raw: bytes | None, source_file: str | None, keys: KeySpec, record_key: str | None = None) -> dict[str, Any]:
+    return parse_line(None, source_file, keys) if raw is None else parse_bytes(raw, source_file, keys, record_key)
 
 
-def parse_lines(lines: Iterable[str | None], files: Iterable[str | None], keys: KeySpec) -> list[dict[str, Any]]:
-    return [parse_line(line, f, keys) for line, f in zip(lines, files)]
+def parse_lines(
+    lines: Iterable[str | None], files: Iterable[str | None], keys: KeySpec, record_keys: Iterable[str | None] | None = None
+) -> list[dict[str, Any]]:
+    """`parse_line` over parallel columns; `record_keys` only for Kafka records (their keys)."""
+    if record_keys is None:
+        return [parse_line(line, f, keys) for line, f in zip(lines, files)]
+    return [parse_line(line, f, keys, k) for line, f, k in zip(lines, files, record_keys)]
 
 
 #: The keys of each kind of row `parse_line` returns, in its order. `rows_to_batch` relies on them only
@@ -714,24 +743,50 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=PARSED)
 
 
+#: The Kafka record's key beside its value (JSON text), when the lines are Kafka records (`sources.py`).
+RECORD_KEY_COLUMN = "kafka_key"
+
+
 def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:
-    """(value, source_file) batches in, `PARSED` batches out: what the ingest job's parser runs.
+    """(value, source_file) batches in, `PARSED` batches out, one row per line: what the ingest job's parser runs.
+
+    Lines from Kafka carry more columns (`sources.py`): the record key (`RECORD_KEY_COLUMN`), used as a
+    file dump's key is, and the record's origin (`schemas.KAFKA_ORIGIN_COLUMNS`), copied to the output
+    row as it is. Any other column is ignored, and without them the origin columns are null.
 
     The cyclic garbage collector is paused while a batch is parsed: parsing creates no cycles, but
     its thousands of live dicts made the collector's repeated full scans a large share of the time.
     """
     for batch in batches:
         files = batch.column("source_file").to_pylist()
+        names = batch.schema.names
+        record_keys = _record_keys(batch.column(RECORD_KEY_COLUMN)) if RECORD_KEY_COLUMN in names else None
         was_enabled = gc.isenabled()
         gc.disable()
         try:
             try:
-                rows = parse_lines(batch.column("value").to_pylist(), files, keys)
-            except UnicodeDecodeError:  # Spark's text source passes bytes through unchecked
+                rows = parse_lines(batch.column("value").to_pylist(), files, keys, record_keys)
+            except UnicodeDecodeError:  # Spark's text source (and a Kafka value cast to string) passes bytes through unchecked
                 raw = batch.column("value").cast(pa.binary()).to_pylist()
-                rows = [_tombstone_or_bytes(b, f, keys) for b, f in zip(raw, files)]
+                rows = [_tombstone_or_bytes(b, f, keys, k) for b, f, k in zip(raw, files, record_keys or [None] * len(raw))]
             out = rows_to_batch(rows)
         finally:
             if was_enabled:
                 gc.enable()
-        yield out
+        yield _with_origin(out, batch)
+
+
+def _record_keys(column: pa.Array) -> list[str | None]:
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:  # a key that is not UTF-8 is no JSON object either: it names no row
+        return [None if k is None else k.decode("utf-8", "replace") for k in column.cast(pa.binary()).to_pylist()]
+
+
+def _with_origin(out: pa.RecordBatch, lines: pa.RecordBatch) -> pa.RecordBatch:
+    """The parsed rows with the lines' Kafka origin columns (rows and lines correspond one to one)."""
+    for name in KAFKA_ORIGIN_COLUMNS:
+        if name in lines.schema.names:
+            i = PARSED.get_field_index(name)
+            out = out.set_column(i, PARSED.field(i), lines.column(name).cast(PARSED.field(i).type))
+    return out

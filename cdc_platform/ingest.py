@@ -1,20 +1,21 @@
-"""Ingest: the Structured Streaming job from landing files to the raw change-event log.
+"""Ingest: the Structured Streaming job from landing files or Kafka topics to the raw change-event log.
 
-Shape of the job: a file stream over the landing directory (any depth, new files picked up as they
-arrive) -> `foreachBatch`, where the executors parse the batch's lines (`parse_spark.parse_lines`)
-and delta-spark commits them (`lake_spark`); the driver sees one small aggregate per batch. Inside a
-batch the data flows one way: the raw log and markers first, then every later stage (latest state,
-transactions) from the same parsed batch, then dead letters and one `pipeline_metrics` row.
+Shape of the job: a stream of lines from the configured source (`sources.py`: the landing directory at
+any depth, new files picked up as they arrive; or Kafka topics) -> `foreachBatch`, where the executors
+parse the batch's lines (`parse_spark.parse_lines`) and delta-spark commits them (`lake_spark`); the
+driver sees one small aggregate per batch. Inside a batch the data flows one way: the raw log and
+markers first, then every later stage (latest state, transactions) from the same parsed batch, then
+dead letters and one `pipeline_metrics` row.
 
 Move in progress (issue 10): the later stages still fold in the driver on Arrow and commit their own
 tables with delta-rs, so for them the batch's events are collected (`_stage_batch`); the raw log,
 markers, dead letters and metrics no longer pass through the driver.
 
-Exactly once: the file source's checkpoint (kept in the lake) names each batch's files, so a restart
-replays an unfinished batch with the same id and the same files; every commit carries Delta's
-application transaction `<query id>:<table>` = batch id, and Delta skips a write it already holds
-(see `lake_spark.py`); the raw log and markers additionally dedup by event identity, so redelivered
-input inserts nothing.
+Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
+ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit
+carries Delta's application transaction `<query id>:<table>` = batch id, and Delta skips a write it
+already holds (see `lake_spark.py`); the raw log and markers additionally dedup by event identity, so
+redelivered input inserts nothing.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import lake, lake_spark, parse_spark, schemas
+from cdc_platform import lake, lake_spark, parse_spark, schemas, sources
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec
-from cdc_platform.errors import CdcError, ConfigError
+from cdc_platform.errors import CdcError
 from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
 
 if TYPE_CHECKING:
@@ -390,19 +391,8 @@ class IngestJob:
         )
 
     def stream(self, spark: SparkSession) -> DataFrame:
-        """The landing files as a stream of (value, source_file) lines; `foreach_batch` parses them."""
-        from pyspark.sql import functions as F
-
-        landing = self.config.landing
-        if not landing.is_dir():
-            raise ConfigError(f"landing directory {landing} does not exist; create it or pass --landing DIR")
-        return (
-            spark.readStream.format("text")
-            .option("recursiveFileLookup", "true")
-            .option("maxFilesPerTrigger", str(self.config.max_files_per_trigger))
-            .load(str(landing))
-            .select(F.col("value"), F.col("_metadata.file_path").alias("source_file"))
-        )
+        """The configured source (files or Kafka) as lines in `sources.py`'s column contract; `foreach_batch` parses them."""
+        return sources.stream(spark, self.config)
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
         self.setup(spark)

@@ -54,7 +54,11 @@ def exists(path: Path) -> bool:
 
 
 def ensure_table(path: Path, schema: pa.Schema, partition_by: list[str] | None = None) -> DeltaTable:
-    """Create an empty table if it is missing, so readers and `cdc sql` see it before any data lands."""
+    """Create an empty table if it is missing, so readers and `cdc sql` see it before any data lands.
+
+    An existing table gets the nullable columns of `schema` it lacks (`add_missing_columns`): a lake
+    created by an earlier version keeps working when a platform table gains a column.
+    """
     if not exists(path):
         path.mkdir(parents=True, exist_ok=True)
         try:
@@ -62,6 +66,34 @@ def ensure_table(path: Path, schema: pa.Schema, partition_by: list[str] | None =
         except DeltaError:
             if not exists(path):  # a concurrent creator won; anything else is a real error
                 raise
+    table = DeltaTable(str(path))
+    return add_missing_columns(path, table, schema)
+
+
+def add_missing_columns(path: Path, table: DeltaTable, schema: pa.Schema) -> DeltaTable:
+    """Add the columns of `schema` that `table` lacks, as one metadata commit; rows already written read them as null.
+
+    Only nullable columns can be added this way (old rows have no value); a missing non-nullable one
+    means the lake and this version disagree about more than an added column.
+    """
+    present = {f.name for f in pa.schema(table.schema().to_arrow())}
+    missing = [f for f in schema if f.name not in present]
+    if not missing:
+        return table
+    required = [f.name for f in missing if not f.nullable]
+    if required:
+        raise LakeError(
+            f"{path} lacks the required column(s) {', '.join(required)} of this version of the platform; "
+            "it was written by another version: rebuild the lake from its sources"
+        )
+    from deltalake import Field
+
+    try:
+        table.alter.add_columns([Field.from_arrow(f) for f in missing])
+    except DeltaError:  # a concurrent setup added them first: fine when they are there now
+        table = DeltaTable(str(path))
+        if {f.name for f in missing} - {f.name for f in pa.schema(table.schema().to_arrow())}:
+            raise
     return DeltaTable(str(path))
 
 

@@ -1255,6 +1255,7 @@ def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], N
     raw_path = lake.table_path(config.lake, RAW)
     if not lake.exists(raw_path):
         raise LakeError(f"{config.lake} has no raw_change_events; run `cdc run --config ...` before `cdc rebuild`")
+    lake.ensure_table(raw_path, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)  # a lake of an earlier version gains new columns
     raw = lake.scan(lake.open_table(raw_path), [f.name for f in schemas.RAW_CHANGE_EVENTS], pc.field("table_id") == table.source)
     events = Events(raw)
     say(f"rebuilding {name} from {len(events):,} raw events of {table.source} ...")

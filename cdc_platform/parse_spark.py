@@ -38,7 +38,7 @@ def _parse_partition(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterat
 
 
 def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
-    """(value, source_file) lines -> `PARSED` rows plus their input order (`SEQ`), parsed on the executors.
+    """Lines in `sources.py`'s column contract -> `PARSED` rows plus their input order (`SEQ`), parsed on the executors.
 
     The order is taken after parsing: the function emits one row per line in the order it reads
     them and keeps the partitioning, so (partition, row) is the lines' order.
@@ -46,8 +46,9 @@ def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
     from pyspark.sql import functions as F
 
     from cdc_platform.lake_spark import spark_schema
+    from cdc_platform.sources import input_columns
 
-    parsed = lines.select("value", "source_file").mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
+    parsed = lines.select(*input_columns(lines.columns)).mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
     return parsed.withColumn(SEQ, F.monotonically_increasing_id())
 
 

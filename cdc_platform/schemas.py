@@ -10,6 +10,16 @@ import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
 
+#: Where a Kafka record came from: the Kafka source delivers these beside each line, the parser carries
+#: them through to the raw log, and they are null for lines read from files. Added after the first
+#: release, so `lake.ensure_table` adds them to an existing raw log (nullable, like every later column).
+KAFKA_ORIGIN = (
+    pa.field("kafka_topic", pa.string()),
+    pa.field("kafka_partition", pa.int32()),
+    pa.field("kafka_offset", pa.int64()),
+)
+KAFKA_ORIGIN_COLUMNS = tuple(f.name for f in KAFKA_ORIGIN)
+
 RAW_CHANGE_EVENTS = pa.schema(
     [
         pa.field("event_id", pa.string(), nullable=False),
@@ -37,6 +47,7 @@ RAW_CHANGE_EVENTS = pa.schema(
         pa.field("source_file", pa.string()),
         pa.field("ingested_at", TS),
         pa.field("line", pa.string()),
+        *KAFKA_ORIGIN,
     ]
 )
 RAW_PARTITION_BY = ["event_date"]

@@ -1,0 +1,112 @@
+"""`source:` in cdc.yaml: files by default, or Kafka with Spark's connector options; bad entries fail at load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cdc_platform.config import DEFAULT_MAX_OFFSETS_PER_TRIGGER, load_config, parse_source
+from cdc_platform.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "conf" / "cdc.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_files_is_the_default_and_unchanged(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "landing: landing\nlake: lake\n"))
+    assert cfg.source.kind == "files" and cfg.source.kafka is None
+    assert cfg.checkpoint_dir == (tmp_path / "conf" / "lake" / "_checkpoints" / "ingest").resolve()
+    assert load_config(write(tmp_path, "landing: l\nlake: k\nsource: files\n")).source.kind == "files"
+    assert load_config(write(tmp_path, "landing: l\nlake: k\nsource: {kind: files}\n")).source.kind == "files"
+
+
+def test_kafka_source_with_a_pattern_and_pass_through_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAFKA_SECRET", "s3cret")
+    cfg = load_config(write(tmp_path, r"""
+lake: lake
+source:
+  kind: kafka
+  bootstrap_servers: [127.0.0.1:9092, 127.0.0.1:9093]
+  subscribe_pattern: 'pg\..*'
+  starting_offsets: latest
+  max_offsets_per_trigger: 500
+  fail_on_data_loss: false
+  options:
+    kafka.security.protocol: SASL_PLAINTEXT
+    kafka.sasl.mechanism: PLAIN
+    kafka.sasl.jaas.config: 'org.apache.kafka.common.security.plain.PlainLoginModule required password="${KAFKA_SECRET}";'
+    kafka.request.timeout.ms: 30000
+"""))
+    kafka = cfg.source.kafka
+    assert cfg.source.kind == "kafka" and kafka is not None
+    # No landing needed; the checkpoint is the Kafka stream's own.
+    assert cfg.checkpoint_dir == (tmp_path / "conf" / "lake" / "_checkpoints" / "ingest_kafka").resolve()
+    opts = kafka.spark_options()
+    assert opts["kafka.bootstrap.servers"] == "127.0.0.1:9092,127.0.0.1:9093"
+    assert opts["subscribePattern"] == r"pg\..*" and "subscribe" not in opts
+    assert opts["startingOffsets"] == "latest" and opts["maxOffsetsPerTrigger"] == "500" and opts["failOnDataLoss"] == "false"
+    assert opts["kafka.security.protocol"] == "SASL_PLAINTEXT" and opts["kafka.request.timeout.ms"] == "30000"
+    assert 'password="s3cret"' in opts["kafka.sasl.jaas.config"], "${VAR} comes from the environment"
+    assert "kafka" in cfg.describe_source() and "pg" in cfg.describe_source()
+
+
+def test_kafka_topics_defaults_and_offsets_per_partition(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, """
+lake: lake
+source: {kind: kafka, bootstrap_servers: 'h:1', topics: [a.b, c], starting_offsets: {a.b: {0: 5, 1: -2}}}
+"""))
+    opts = cfg.source.kafka.spark_options()
+    assert opts["subscribe"] == "a.b,c" and opts["failOnDataLoss"] == "true"
+    assert opts["maxOffsetsPerTrigger"] == str(DEFAULT_MAX_OFFSETS_PER_TRIGGER)
+    assert json.loads(opts["startingOffsets"]) == {"a.b": {"0": 5, "1": -2}}
+    unlimited = parse_source({"kind": "kafka", "bootstrap_servers": "h:1", "topics": "t", "max_offsets_per_trigger": None}, "x")
+    assert unlimited.kafka.topics == ("t",) and "maxOffsetsPerTrigger" not in unlimited.kafka.spark_options()
+
+
+KAFKA = "lake: k\nsource:\n  kind: kafka\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lake: k\nsource: [kafka]\n", "`source` must be `files` or a mapping"),
+        ("lake: k\nsource: {kind: pulsar}\n", "source.kind must be one of files, kafka"),
+        ("landing: l\nlake: k\nsource: {kind: files, topics: [a]}\n", "source.topics applies to `kind: kafka` only"),
+        ("lake: k\nsource: kafka\n", "bootstrap_servers must be host:port"),
+        (KAFKA + "  bootstrap_servers: localhost\n  topics: [a]\n", "bootstrap_servers must be host:port"),
+        (KAFKA + "  bootstrap_servers: h:1\n", "set exactly one of `topics: [names]` or `subscribe_pattern: REGEX`"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  subscribe_pattern: a.*\n", "set exactly one of"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: ['bad topic']\n", "source.topics must be a non-empty list of Kafka topic names"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: []\n", "source.topics must be a non-empty list"),
+        (KAFKA + "  bootstrap_servers: h:1\n  subscribe_pattern: 'a(('\n", "is not a valid regular expression"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  starting_offsets: beginning\n", "starting_offsets must be earliest, latest"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  starting_offsets: {a: {x: 1}}\n", "starting_offsets must be earliest, latest"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  max_offsets_per_trigger: 0\n", "max_offsets_per_trigger must be a positive integer"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  fail_on_data_loss: maybe\n", "fail_on_data_loss must be true or false"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  kafka.security.protocol: SSL\n",
+         "unknown key(s) kafka.security.protocol (pass Kafka consumer settings under `options:`"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {security.protocol: SSL}\n", "named `kafka.<setting>`"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {kafka.auto.offset.reset: earliest}\n", "set `starting_offsets:` instead"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {kafka.bootstrap.servers: 'h:2'}\n", "set `bootstrap_servers:` instead"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {kafka.sasl.jaas.config: '${CDC_TEST_UNSET_VAR}'}\n",
+         "refers to ${CDC_TEST_UNSET_VAR}, which is not set in the environment"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {kafka.x: [1]}\n", "must be a string or number"),
+    ],
+)
+def test_bad_source_config_names_the_entry_and_the_fix(tmp_path: Path, text: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CDC_TEST_UNSET_VAR", raising=False)
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert message in str(err.value)
+    assert str(tmp_path / "conf" / "cdc.yaml") in str(err.value), "the message names the file"
+
+
+def test_a_files_source_still_needs_its_landing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no landing directory"):
+        load_config(write(tmp_path, "lake: k\n"))
