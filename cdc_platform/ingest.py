@@ -255,12 +255,16 @@ class IngestJob:
 
         t = time.perf_counter()
         events = split.events.drop(parse_spark.SEQ)
-        inserted = lake_spark.insert_new_once(events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position")
+        # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
+        inserted = lake_spark.insert_new_once(
+            events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+            footprint=figures_.events_footprint,
+        ) if figures_.change_events else 0
         landed[RAW] = inserted if inserted is not None else 0
         markers_inserted = lake_spark.insert_new_once(
             split.markers.drop(parse_spark.SEQ), self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-            range_column="transaction_id",
-        )  # the marker id is `<transaction id>|<status>`
+            range_column="transaction_id", footprint=figures_.markers_footprint,
+        ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
         landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
         seconds["raw"] = time.perf_counter() - t
         replayed = inserted is None
@@ -318,14 +322,15 @@ class IngestJob:
     def _stage_batch(self, split: parse_spark.SplitBatch, batch_id: int, started: dt.datetime) -> ParsedBatch:
         """The batch the later stages take. They still work on Arrow in the driver (issue 10 moves them
         onto Spark next), so only they collect the batch's events, and only when one is configured."""
-        def collect(rows: DataFrame, schema: pa.Schema) -> pa.Table:
-            return _conform(parse_spark.in_order(rows), schema) if self.stages else schema.empty_table()
-
         figures_ = split.figures
+
+        def collect(rows: DataFrame, schema: pa.Schema, count: int) -> pa.Table:
+            return _conform(parse_spark.in_order(rows), schema) if self.stages and count else schema.empty_table()
+
         return ParsedBatch(
             batch_id=batch_id,
-            events=collect(split.events, schemas.RAW_CHANGE_EVENTS),
-            markers=collect(split.markers, schemas.TRANSACTION_MARKERS),
+            events=collect(split.events, schemas.RAW_CHANGE_EVENTS, figures_.change_events),
+            markers=collect(split.markers, schemas.TRANSACTION_MARKERS, figures_.markers),
             dead_letters=schemas.DEAD_LETTER.empty_table(),
             tombstones=figures_.tombstones,
             rows_read=figures_.rows_read,

@@ -17,14 +17,15 @@ table, and it already holds the rules that move must keep:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from delta.tables import DeltaTable
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 
@@ -112,6 +113,58 @@ def append_once(df: DataFrame, path: Path | str, application: str, batch: int) -
     return version(spark, path) != before
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """Where a batch's rows can already be in a table: its partition values and its range of a column the id determines."""
+
+    rows: int
+    parts: tuple[Any, ...]
+    null_part: bool
+    lo: Any = None
+    hi: Any = None
+    complete_range: bool = False  # every row has a value in the range column
+
+    def condition(self, partition_column: str, range_column: str | None) -> str:
+        within = [f"`{partition_column}` IN ({', '.join(_sql_literal(p) for p in self.parts)})"] if self.parts else []
+        if self.null_part:
+            within.append(f"`{partition_column}` IS NULL")
+        condition = f"({' OR '.join(within)})"
+        if range_column is not None and self.complete_range:
+            condition += f" AND `{range_column}` BETWEEN {_sql_literal(self.lo)} AND {_sql_literal(self.hi)}"
+        return condition
+
+
+def footprint_columns(prefix: str, partition: Column, ranged: Column | None, where: Column | None = None) -> list[Column]:
+    """Aggregate columns that `footprint_of` reads back: so a caller can fold them into an aggregate it runs anyway."""
+    from pyspark.sql import functions as F
+
+    def only(c: Column) -> Column:
+        return c if where is None else F.when(where, c)
+
+    columns = [
+        F.count(only(F.lit(1))).alias(f"{prefix}rows"),
+        F.collect_set(only(partition)).alias(f"{prefix}parts"),
+        F.count(only(partition)).alias(f"{prefix}with_part"),
+    ]
+    if ranged is not None:
+        columns += [F.min(only(ranged)).alias(f"{prefix}lo"), F.max(only(ranged)).alias(f"{prefix}hi"),
+                    F.count(only(ranged)).alias(f"{prefix}with_range")]
+    return columns
+
+
+def footprint_of(row: Mapping[str, Any], prefix: str) -> Footprint:
+    n = int(row[f"{prefix}rows"])
+    ranged = f"{prefix}lo" in row
+    return Footprint(
+        rows=n,
+        parts=tuple(sorted(row[f"{prefix}parts"])),
+        null_part=int(row[f"{prefix}with_part"]) < n,
+        lo=row.get(f"{prefix}lo"),
+        hi=row.get(f"{prefix}hi"),
+        complete_range=ranged and int(row[f"{prefix}with_range"]) == n,
+    )
+
+
 def insert_new_once(
     df: DataFrame,
     path: Path | str,
@@ -120,15 +173,17 @@ def insert_new_once(
     application: str,
     batch: int,
     range_column: str | None = None,
+    footprint: Footprint | None = None,
 ) -> int | None:
     """Append the rows of `df` whose id the table lacks, once per (application, batch).
 
     Returns the rows inserted, or None when Delta skipped the batch as already committed. The ids are
     looked up only where they can be: the partitions the batch carries, and (with `range_column`, a
     column the id determines, such as the source position) the batch's min/max of it, all as literals
-    from one small aggregate, which Delta prunes files by (partition values, then column statistics);
-    a batch of new positions reads only recent files. Bounds are left out when the batch has nulls in
-    that column; the lookup is then exact but reads the whole partitions.
+    from one small aggregate (`footprint`, computed here unless the caller folded it into one of its
+    own), which Delta prunes files by (partition values, then column statistics); a batch of new
+    positions reads only recent files. Bounds are left out when the batch has nulls in that column;
+    the lookup is then exact but reads the whole partitions.
 
     Why an anti-join and an idempotent append rather than `MERGE ... WHEN NOT MATCHED INSERT`: it is
     what Delta runs for an insert-only MERGE anyway, but an append carries `txnAppId`/`txnVersion` as
@@ -139,20 +194,14 @@ def insert_new_once(
     from pyspark.sql import functions as F
 
     spark = df.sparkSession
-    aggregates = [F.collect_set(F.col(partition_column)).alias("parts"), F.count(F.lit(1)).alias("n"),
-                  F.count(F.col(partition_column)).alias("with_part")]
-    if range_column is not None:
-        aggregates += [F.min(range_column).alias("lo"), F.max(range_column).alias("hi"), F.count(F.col(range_column)).alias("with_range")]
-    summary = df.agg(*aggregates).first()
-    if summary is None or summary["n"] == 0:
+    if footprint is None:
+        ranged = None if range_column is None else F.col(range_column)
+        summary = df.agg(*footprint_columns("", F.col(partition_column), ranged)).first()
+        assert summary is not None  # a global aggregate has one row
+        footprint = footprint_of(summary.asDict(), "")
+    if footprint.rows == 0:
         return 0  # nothing to record: a replay of an empty batch writes nothing either
-    within = [f"`{partition_column}` IN ({', '.join(_sql_literal(p) for p in summary['parts'])})"] if summary["parts"] else []
-    if summary["with_part"] < summary["n"]:
-        within.append(f"`{partition_column}` IS NULL")
-    condition = f"({' OR '.join(within)})"
-    if range_column is not None and summary["with_range"] == summary["n"]:
-        condition += f" AND `{range_column}` BETWEEN {_sql_literal(summary['lo'])} AND {_sql_literal(summary['hi'])}"
-    known = read(spark, path).where(condition).select(id_column)
+    known = read(spark, path).where(footprint.condition(partition_column, range_column)).select(id_column)
     fresh = df.join(known, on=id_column, how="left_anti").select(*df.columns).persist()
     try:
         inserted = fresh.count()

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from cdc_platform import schemas
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
+from cdc_platform.lake_spark import Footprint, footprint_columns, footprint_of
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -54,7 +55,8 @@ def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
 
 @dataclass(frozen=True)
 class BatchFigures:
-    """The small aggregate of one parsed batch (one row collected to the driver)."""
+    """The small aggregate of one parsed batch (one row collected to the driver), with where its
+    events and markers can already be in the raw log and markers (`lake_spark.Footprint`)."""
 
     rows_read: int
     change_events: int
@@ -64,6 +66,8 @@ class BatchFigures:
     tombstones: int
     dead_letters: int
     newest_source_ts: dt.datetime | None
+    events_footprint: Footprint
+    markers_footprint: Footprint
 
     @property
     def in_batch_duplicates(self) -> int:
@@ -80,10 +84,11 @@ class SplitBatch:
     figures: BatchFigures
 
 
-def figures_of(parsed: DataFrame) -> BatchFigures:
+def figures_of(parsed: DataFrame, ingested_at: dt.datetime) -> BatchFigures:
     from pyspark.sql import functions as F
 
     kind = F.col("kind")
+    today = F.lit(ingested_at.date())
 
     def count(k: str) -> Column:
         return F.count(F.when(kind == k, F.lit(1)))
@@ -97,12 +102,15 @@ def figures_of(parsed: DataFrame) -> BatchFigures:
         count("tombstone").alias("tombstones"),
         count("dead_letter").alias("dead_letters"),
         F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
+        *footprint_columns("events_", F.coalesce(F.col("event_date"), today), F.col("position"), where=kind == "change"),
+        *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     ).first()
     assert row is not None  # a global aggregate always has one row
-    values = row.asDict()
+    values = {k: v for k, v in row.asDict().items() if not k.startswith(("events_", "markers_"))}
+    footprints = {side: footprint_of(row.asDict(), f"{side}_") for side in ("events", "markers")}
     newest = values.pop("newest_source_ts")  # as a number: Python reads Spark timestamps in its local zone
     at = None if newest is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=newest)
-    return BatchFigures(**values, newest_source_ts=at)
+    return BatchFigures(**values, newest_source_ts=at, events_footprint=footprints["events"], markers_footprint=footprints["markers"])
 
 
 def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBatch:
@@ -126,7 +134,7 @@ def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBa
         {"stage": F.lit("ingest"), "event_id": F.lit(None).cast("string"), "batch_id": F.lit(batch_id).cast("bigint"), "dead_lettered_at": at},
         keep_seq=False,
     )
-    return SplitBatch(events=events, markers=markers, dead_letters=dead, figures=figures_of(parsed))
+    return SplitBatch(events=events, markers=markers, dead_letters=dead, figures=figures_of(parsed, ingested_at))
 
 
 def _shape(rows: DataFrame, schema: pa.Schema, computed: dict[str, Column], *, keep_seq: bool = True) -> DataFrame:
