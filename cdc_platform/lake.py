@@ -119,6 +119,12 @@ def open_table(path: Path) -> DeltaTable:
     return table
 
 
+def open_snapshot(path: Path, version: int) -> DeltaTable:
+    """The table at exactly `version` (a reader's pinned snapshot); the kept handle when it is there."""
+    table = open_table(path)
+    return table if table.version() == version else DeltaTable(str(path), version=version)
+
+
 def app_id(query_id: str, table: str) -> str:
     return f"{query_id}:{table}"
 
