@@ -4,7 +4,7 @@ A feeder lands the sample workload's files at a steady rate of change events (de
 `cdc stream` runs as a subprocess, exactly as an operator runs it. Each change event's `source.ts_ms`
 is set to the wall clock at the moment its file lands, so "source timestamp" means "the moment the
 connector delivered it". A reader polls the configured latest-state tables the way every reader
-does, `lake.read_table(spark, lake/<name>)` (the stored table behind `<name>__full_view`), and notes
+does, `lake_spark.read(spark, lake/<name>)` (delta-spark; the stored table behind `<name>__full_view`), and notes
 when each event's row (`_event_id`) first shows up. Latency = first seen - source timestamp; it
 includes the poll interval, which is printed with the figures.
 
@@ -113,7 +113,7 @@ def main() -> int:
 
     from pyspark.sql import functions as F
 
-    from cdc_platform import lake
+    from cdc_platform import lake, lake_spark
     from cdc_platform.config import load_config
     from cdc_platform.ingest import IngestJob
     from cdc_platform.session import get_spark
@@ -145,7 +145,7 @@ def main() -> int:
         for table in config.tables:
             path = config.lake / table.name
             if lake.exists(path):
-                frames.append(lake.read_table(spark, path).select("_event_id", "_source_ts"))
+                frames.append(lake_spark.read(spark, path).select("_event_id", "_source_ts"))
         if not frames:
             return 0
         observed = time.time()

@@ -177,7 +177,8 @@ def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
     types = {f.name: f.dataType for f in state.schema.fields}
     key_type = StructType([StructField(k, types.get(k, StringType())) for k in table.key])
     key_cols = [F.col(k) for k in table.key]
-    raw = lake.read_table(spark, lake.table_path(lake_dir, "raw_change_events")).where(F.col("table_id") == table.source)
+    # The raw log as register_lake pinned it, after the latest state: never older than the state it checks.
+    raw = spark.table(lake.quote_identifier("raw_change_events")).where(F.col("table_id") == table.source)
     events = raw.select(
         F.from_json("key", key_type).alias("k"), F.from_json("before", key_type).alias("bk"), "op", "position",
         F.coalesce("tx_total_order", F.lit(0)).alias("ord"),

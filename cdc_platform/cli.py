@@ -226,20 +226,25 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     from cdc_platform.maintenance import maintain
 
     from cdc_platform.config import resolve_config_path
-    from cdc_platform.errors import ConfigError
+    from cdc_platform.errors import ConfigError, LakeError
 
+    master = check_spark_master(args.master)
     if args.lake and not args.config:
         lake_dir = Path(args.lake).resolve()
         tables = registered_tables(lake_dir)  # the lake says which tables are latest-state tables
     elif resolve_config_path(args.config) is not None:
-        config = load_config(args.config, lake=args.lake)
+        config = load_config(args.config, lake=args.lake, spark_master=args.master)
         configured = {t.name for t in config.tables}
         lake_dir = config.lake
+        master = config.spark_master
         tables = config.tables + tuple(t for t in registered_tables(lake_dir) if t.name not in configured)
     else:
         raise ConfigError("cdc maintain needs the lake: pass --lake DIR, or --config FILE (or set CDC_CONFIG)")
+    if not lake_dir.is_dir():  # before starting Spark for nothing
+        raise LakeError(f"lake directory {lake_dir} does not exist; pass the right --lake")
     _say(f"maintaining {lake_dir} (vacuum keeps files removed less than {args.vacuum_hours:g} hours ago) ...")
-    reports = maintain(lake_dir, tables=tables, vacuum_hours=args.vacuum_hours, progress=print)
+    spark = _spark(master)  # OPTIMIZE and VACUUM run on delta-spark
+    reports = maintain(spark, lake_dir, tables=tables, vacuum_hours=args.vacuum_hours, progress=print)
     _say(f"done: {len(reports)} tables")
     return 0
 
@@ -353,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="the cdc.yaml to use when --lake is not given (default: $CDC_CONFIG)")
     p.add_argument("--vacuum-hours", type=float, default=168.0, metavar="H",
                    help="vacuum keeps unreferenced files younger than this many hours (default: %(default)g, 7 days)")
+    add_master(p)
     p.set_defaults(func=cmd_maintain)
     return parser
 

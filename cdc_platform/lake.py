@@ -1,9 +1,10 @@
-"""The lake: Delta tables written by delta-rs, read by Spark through their snapshot's file list.
+"""The lake's delta-rs side: the stages' writes (until they move to delta-spark, issue 10), the
+exactly-once guard, driver-side reads of the log's statistics, and the registry.
 
-Why delta-rs: delta-spark's JVM jars cannot be fetched in this environment, and delta-rs writes standard
-Delta tables (protocol 1/2, no column mapping, no deletion vectors) that delta-spark reads on a cluster.
-Why the file list: Spark has no Delta reader here, and reading the directory as Parquet would return
-files that the log has already removed.
+Spark reads every table through delta-spark (`lake_spark.read`), and maintenance runs OPTIMIZE and
+VACUUM there. delta-rs writes standard Delta tables (protocol 1/2, no column mapping, no deletion
+vectors) that delta-spark reads as they are, and keeps writing them after delta-spark's OPTIMIZE and
+VACUUM, which change neither protocol nor features.
 
 Exactly once: every commit of the streaming job carries a Delta application transaction
 (`<query id>:<table>`, version = micro-batch id). delta-rs records it but does not refuse a repeated or
@@ -21,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,9 +31,6 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cdc_platform.config import LAKE_NAME_RE, PlatformConfig, TableConfig
 from cdc_platform.errors import CommitConflictError, LakeError
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 REGISTRY_FILE = "_cdc_registry.json"
 REGISTRY_VERSION = 1
@@ -151,6 +149,12 @@ def open_table(path: Path) -> DeltaTable:
     while len(_HANDLES.tables) > _MAX_HANDLES:
         _HANDLES.tables.popitem(last=False)
     return table
+
+
+def open_snapshot(path: Path, version: int) -> DeltaTable:
+    """The table at exactly `version` (a reader's pinned snapshot); the kept handle when it is there."""
+    table = open_table(path)
+    return table if table.version() == version else DeltaTable(str(path), version=version)
 
 
 def app_id(query_id: str, table: str) -> str:
@@ -291,29 +295,6 @@ def scan(
     """
     data = table.to_pyarrow_dataset(partitions=partitions).to_table(columns=columns)
     return data if where is None else data.filter(where)
-
-
-# --- Spark side -----------------------------------------------------------------------------------
-
-def spark_schema(table: DeltaTable) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return from_arrow_schema(pa.schema(table.schema().to_arrow()))
-
-
-def read_table(spark: SparkSession, path: Path) -> DataFrame:
-    """A Spark DataFrame of the table's current snapshot (explicit schema so empty tables work)."""
-    return read_snapshot(spark, open_table(path), path)
-
-
-def read_snapshot(spark: SparkSession, table: DeltaTable, path: Path) -> DataFrame:
-    """A Spark DataFrame of exactly the snapshot `table` holds, for a reader that also looked at that
-    snapshot's log (schema, file statistics) and must see the same version in Spark."""
-    files = table.file_uris()
-    reader = spark.read.schema(spark_schema(table))
-    if not files:
-        return spark.createDataFrame([], spark_schema(table))
-    return reader.option("basePath", str(path)).parquet(*files)
 
 
 def lake_tables(lake: Path) -> dict[str, Path]:

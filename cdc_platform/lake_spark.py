@@ -17,6 +17,7 @@ table, and it already holds the rules that move must keep:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +29,34 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+#: VACUUM's settings: log `VACUUM START`/`END` commits (with the deleted-file count), and the 7-day check.
+VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
+RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+#: VACUUM's own lock: two vacuums must not interleave saving and restoring its settings (session-wide).
+_VACUUM_LOCK = threading.Lock()
 
 
 def location(path: Path | str) -> str:
     return str(path)
 
 
-def read(spark: SparkSession, path: Path | str) -> DataFrame:
-    """The table's current snapshot."""
-    return spark.read.format("delta").load(location(path))
+def read(spark: SparkSession, path: Path | str, version: int | None = None) -> DataFrame:
+    """The table's current snapshot, or the one at `version` (time travel, `versionAsOf`).
+
+    Without a version the DataFrame follows the table: every query over it (or over a temp view of it)
+    reads the version current when that query is planned. A reader that decides something from one
+    version (its history, its file statistics, another table read alongside) pins that version.
+    """
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", int(version))
+    return reader.load(location(path))
+
+
+def pinned(spark: SparkSession, path: Path | str) -> tuple[int, DataFrame]:
+    """(current version, a DataFrame of exactly that version): a snapshot that later commits do not move."""
+    current = version(spark, path)
+    return current, read(spark, path, current)
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
@@ -85,16 +105,35 @@ def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, part
 
 
 def version(spark: SparkSession, path: Path | str) -> int:
-    """The table's newest version, from Delta's own log handle.
+    """The table's current version, from Delta's own log handle (`DeltaLog.update()`, through the JVM).
 
-    Asked around every micro-batch write (to tell a commit from a write Delta skipped as already
-    committed), so it must not cost a Spark job: `DESCRIBE HISTORY` runs one (0.8 s under load), the
-    cached `DeltaLog` only lists the log directory for commits newer than the one it holds (0.02 s).
+    Every registration pins each table by its version, so this is on the path of every `cdc sql` and
+    check: the log handle lists the log and reuses the cached snapshot (about 40 ms a table here), where
+    `DESCRIBE HISTORY ... LIMIT 1` plans and runs a Spark job (about 0.5 s). `DeltaLog` is Delta's
+    internal Scala API: should an upgrade change it, `DESCRIBE HISTORY` answers, slower but the same
+    (`tests/cdc_platform/test_lake_spark.py` holds the fast path to the jar `make setup` resolves).
     """
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(path))  # type: ignore[attr-defined]
-    nothing = jvm.scala.Option.apply(None)
-    return int(delta_log.update(False, nothing, nothing).version())
+    current = _log_version(spark, path)
+    if current is None:
+        from delta.tables import DeltaTable
+
+        current = int(DeltaTable.forPath(spark, location(path)).history(1).first()["version"])
+    if current < 0:
+        from cdc_platform.errors import LakeError
+
+        raise LakeError(f"{path} is not a Delta table; run `cdc run` first to create the lake")
+    return current
+
+
+def _log_version(spark: SparkSession, path: Path | str) -> int | None:
+    from py4j.protocol import Py4JError
+
+    try:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(path))  # type: ignore[attr-defined]
+        return int(log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).version())
+    except (Py4JError, AttributeError):  # AttributeError: no JVM in this process (Spark Connect)
+        return None
 
 
 def last_commit(spark: SparkSession, path: Path | str) -> dict[str, Any]:
@@ -218,11 +257,59 @@ def optimize(spark: SparkSession, path: Path | str) -> dict[str, Any]:
     return result.asDict(recursive=True) if result is not None else {}
 
 
-def vacuum(spark: SparkSession, path: Path | str, retain_hours: float) -> None:
-    """Remove files the log no longer references and that are older than `retain_hours` (`VACUUM`)."""
+def vacuum(spark: SparkSession, path: Path | str, retain_hours: float, *, enforce_retention: bool = True) -> int:
+    """Remove files the log no longer references and that are older than `retain_hours` (`VACUUM`).
+
+    Returns the files deleted, from the `VACUUM END` commit Delta logs (vacuum logging is switched on
+    for the command: on a local file system Delta leaves it off by default, and `cdc maintain` reports
+    the count). `enforce_retention=False` lets a retention below Delta's 7-day safety check through, as
+    `cdc maintain --vacuum-hours` promises; both settings are set and restored around the one command
+    (settings are per session; these two touch no other command).
+    """
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, location(path)).vacuum(retain_hours)
+    settings = {VACUUM_LOGGING: "true"}
+    if not enforce_retention:
+        settings[RETENTION_CHECK] = "false"
+    with _VACUUM_LOCK:
+        saved = {key: spark.conf.get(key, None) for key in settings}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        try:
+            before = version(spark, path)
+            DeltaTable.forPath(spark, location(path)).vacuum(retain_hours)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, value)
+    return _vacuumed_files(spark, path, before)
+
+
+def _vacuumed_files(spark: SparkSession, path: Path | str, since: int) -> int:
+    from delta.tables import DeltaTable
+
+    entries = DeltaTable.forPath(spark, location(path)).history().where(f"version > {int(since)} AND operation = 'VACUUM END'").collect()
+    return sum(int((e["operationMetrics"] or {}).get("numDeletedFiles", 0)) for e in entries)
+
+
+def history(spark: SparkSession, path: Path | str, limit: int | None = None) -> list[dict[str, Any]]:
+    """`DESCRIBE HISTORY`, newest first, each entry a dict (version, operation, operationMetrics, ...)."""
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, location(path))
+    rows = (table.history(limit) if limit else table.history()).collect()
+    return [r.asDict(recursive=True) for r in rows]
+
+
+def file_count(spark: SparkSession, path: Path | str) -> int:
+    """Files in the current snapshot (`DESCRIBE DETAIL`), from the log alone."""
+    return int(spark.sql(f"DESCRIBE DETAIL delta.`{_path_identifier(path)}`").first()["numFiles"])
+
+
+def _path_identifier(path: Path | str) -> str:
+    return location(path).replace("`", "``")
 
 
 def _sql_literal(value: Any) -> str:

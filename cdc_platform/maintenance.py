@@ -9,9 +9,14 @@ Why each step:
   base with dead keys, so those older than the table's `tombstone_retention` go; a change arriving later
   than that may resurrect its row, which is the promise the retention states.
 * Compact: every micro-batch appends at least one small file to each table it touches; many small files
-  make every scan slow. delta-rs `optimize.compact` bins them into large ones without changing a row.
+  make every scan slow. delta-spark `OPTIMIZE` bins them into large ones without changing a row.
 * Vacuum: compaction and MERGE leave unreferenced files behind; after `vacuum_hours` (default 7 days, so
-  a reader holding an older snapshot keeps working) they are deleted.
+  a reader holding an older snapshot keeps working) delta-spark `VACUUM` deletes them; the count comes
+  from its `VACUUM END` entry in `DESCRIBE HISTORY`.
+
+Fold and purge still commit through delta-rs (latest_state.py) until the write path moves; OPTIMIZE and
+VACUUM leave the table's protocol and features as they were, so delta-rs keeps writing after them
+(`tests/cdc_platform/test_lake_spark.py`).
 
 Every step is an ordinary Delta commit, safe to run while the stream runs (a conflicting commit is
 retried), and safe to interrupt.
@@ -24,10 +29,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cdc_platform import lake, latest_state
+from cdc_platform import lake, lake_spark, latest_state
 from cdc_platform.config import TableConfig
-from cdc_platform.errors import LakeError
+from cdc_platform.errors import CommitConflictError, LakeError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DEFAULT_VACUUM_HOURS = 168.0
 
@@ -59,11 +68,26 @@ class TableMaintenance:
         return f"{self.name}: {', '.join(parts) if parts else 'nothing to do'} ({self.seconds:.1f} s)"
 
 
-def _file_count(path: Path) -> int:
-    return len(lake.open_table(path).file_uris())
+def _optimize(spark: SparkSession, path: Path, name: str) -> None:
+    """OPTIMIZE, retried when a concurrent writer (the stream) commits first and Delta refuses the commit."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    delay = 0.05
+    for attempt in range(1, 9):
+        try:
+            lake_spark.optimize(spark, path)
+            return
+        except DeltaConcurrentModificationException as exc:
+            if attempt == 8:
+                raise CommitConflictError(
+                    f"compacting the files of {name} kept conflicting with another writer after {attempt} attempts ({exc}); rerun `cdc maintain`"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def maintain(
+    spark: SparkSession,
     lake_dir: Path,
     *,
     tables: Sequence[TableConfig] | None = None,
@@ -94,14 +118,10 @@ def maintain(
             report.purged = latest_state.purge_tombstones(path, table, now)
             if report.purged:
                 report.notes.append(f"retention {_duration(table.tombstone_retention)}")
-        report.files_before = _file_count(path)
-        lake.with_retries(lambda: lake.open_table(path).optimize.compact(), what=f"compact files of {name}")
-        report.files_after = _file_count(path)
-        removed = lake.with_retries(
-            lambda: lake.open_table(path).vacuum(retention_hours=int(vacuum_hours), dry_run=False, enforce_retention_duration=False),
-            what=f"vacuum {name}",
-        )
-        report.vacuumed = len(removed or [])
+        report.files_before = lake_spark.file_count(spark, path)
+        _optimize(spark, path, name)
+        report.files_after = lake_spark.file_count(spark, path)
+        report.vacuumed = lake_spark.vacuum(spark, path, vacuum_hours, enforce_retention=False)
         report.seconds = time.perf_counter() - t0
         say(report.summary())
         reports.append(report)

@@ -149,6 +149,10 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None) -> Spar
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        # Delta rebuilds a table's snapshot from its log with a shuffle of this many partitions (default
+        # 50); at 50, a read of a 30-commit table here cost 1.3-2.6 s against 0.45-0.55 s at 2 (and the
+        # file-list read it replaced, 0.5 s). Logs here are small; on a cluster with big logs raise it.
+        .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "4g")

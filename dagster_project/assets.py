@@ -209,7 +209,7 @@ def build_backfill_asset(platform: PlatformConfig):  # type: ignore[no-untyped-d
 
 @op(description="Fold latest-state delta layers, purge expired tombstones, compact small files and vacuum every table.")
 def maintain_lake(context, cdc: CdcResource) -> None:  # type: ignore[no-untyped-def]
-    maintenance.maintain(cdc.lake, tables=cdc.config.tables, progress=context.log.info)
+    maintenance.maintain(cdc.spark(), cdc.lake, tables=cdc.config.tables, progress=context.log.info)
 
 
 @job(description="Daily lake maintenance (compaction, tombstone purge, vacuum).")

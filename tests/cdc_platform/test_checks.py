@@ -70,10 +70,10 @@ def test_suite_templates_expand_key_columns(tmp_path: Path) -> None:
 
 
 def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake) -> None:
-    from cdc_platform.lake import read_table
+    from cdc_platform.lake_spark import read
 
     (suite,) = quality.suites_for("raw_change_events")
-    good = quality.validate(read_table(spark, small_lake.lake / "raw_change_events"), suite)
+    good = quality.validate(read(spark, small_lake.lake / "raw_change_events"), suite)
     assert good.passed, good.description
     bad = spark.createDataFrame([("e1", "t", "x", "p", dt.datetime(2026, 1, 1), "l"), ("e1", "t", "c", None, dt.datetime(2026, 1, 1), "l")],
                                 "event_id string, table_id string, op string, position string, ingested_at timestamp, line string")

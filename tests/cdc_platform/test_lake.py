@@ -1,4 +1,4 @@
-"""The delta-rs lake: path safety, the exactly-once guard, insert-new dedup and Spark reads."""
+"""The delta-rs lake: path safety, the exactly-once guard, insert-new dedup (Spark reads: test_lake_spark.py)."""
 
 from __future__ import annotations
 
@@ -76,17 +76,6 @@ def test_position_bounds_never_let_a_redelivered_id_through(tmp_path: Path) -> N
     assert inserted == [1, 0, 0, 1, 1]
     ids = lake.open_table(path).to_pyarrow_table().column("id").to_pylist()
     assert sorted(ids) == ["a", "b", "c", "d", "e", "f", "g", "h", "i"], "every id once"
-
-
-def test_spark_reads_the_snapshot_not_the_directory(spark: Any, tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    lake.ensure_table(path, SCHEMA, ["day"])
-    assert lake.read_table(spark, path).count() == 0, "an empty table reads with its schema"
-    lake.append_once(path, rows(("a", 1), ("b", 2)), "q:t", 0)
-    lake.open_table(path).delete("id = 'a'")  # rewrites the file; the old one stays on disk
-    df = lake.read_table(spark, path)
-    assert sorted(r["id"] for r in df.collect()) == ["b"]
-    assert "day" in df.columns, "partition columns survive (basePath)"
 
 
 def test_registry_round_trip(tmp_path: Path, make_config: Any) -> None:

@@ -82,3 +82,86 @@ def test_optimize_and_vacuum(spark: Any, table: Path) -> None:
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
     assert len(list(table.glob("event_date=*/*.parquet"))) == 1
     assert rows(spark, table) == [("e0", D1, 0), ("e1", D1, 1), ("e2", D1, 2)]
+
+
+# --- delta-rs writes, delta-spark reads and maintains (until the write path moves) -----------------
+
+def _rs_rows(*items: tuple[str, int]) -> Any:
+    import pyarrow as pa
+
+    return pa.table({"event_id": [i for i, _ in items], "event_date": [D1] * len(items), "v": [v for _, v in items]}, schema=_RS_SCHEMA)
+
+
+def _rs_table(tmp_path: Path) -> Path:
+    from cdc_platform import lake
+
+    path = tmp_path / "rs"
+    lake.ensure_table(path, _RS_SCHEMA, ["event_date"])
+    return path
+
+
+def _protocol(spark: Any, path: Path) -> tuple[Any, ...]:
+    from deltalake import DeltaTable
+
+    p = DeltaTable(str(path)).protocol()
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    return (p.min_reader_version, p.min_writer_version, p.reader_features, p.writer_features,
+            detail["minReaderVersion"], detail["minWriterVersion"], sorted(detail["tableFeatures"] or []))
+
+
+def _import_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([pa.field("event_id", pa.string(), nullable=False), pa.field("event_date", pa.date32(), nullable=False), pa.field("v", pa.int64())])
+
+
+_RS_SCHEMA = _import_schema()
+
+
+def test_delta_spark_reads_a_delta_rs_table_by_its_log_and_pins_versions(spark: Any, tmp_path: Path) -> None:
+    from cdc_platform import lake
+
+    path = _rs_table(tmp_path)
+    empty = lake_spark.read(spark, path)
+    assert empty.count() == 0 and empty.columns == ["event_id", "event_date", "v"], "an empty table reads with its schema"
+    lake.append_once(path, _rs_rows(("a", 1), ("b", 2)), "q:t", 0)
+    lake.open_table(path).delete("event_id = 'a'")  # rewrites the file; the old one stays on disk
+    assert [r["event_id"] for r in lake_spark.read(spark, path).collect()] == ["b"], "the log's files, not the directory's"
+    version, pinned = lake_spark.pinned(spark, path)
+    assert version == lake.open_table(path).version() == lake_spark._log_version(spark, path), "the fast version path works"
+    lake.append_once(path, _rs_rows(("c", 3)), "q:t", 1)
+    assert pinned.count() == 1, "a pinned snapshot does not follow later commits"
+    assert lake_spark.read(spark, path).count() == 2, "an unpinned read does"
+    assert lake_spark.read(spark, path, 1).count() == 2, "time travel to the version before the delete"
+
+
+def test_delta_rs_keeps_writing_after_delta_spark_optimize_and_vacuum(spark: Any, tmp_path: Path) -> None:
+    """OPTIMIZE and VACUUM on delta-spark leave protocol, features and application transactions as they
+    were, and delta-rs reads delta-spark's checkpoint and commits on top of it."""
+    from deltalake import DeltaTable
+
+    from cdc_platform import lake
+
+    path = _rs_table(tmp_path)
+    for batch in range(8):
+        lake.append_once(path, _rs_rows((f"e{batch}", batch)), "q:t", batch)
+    lake.insert_new_once(path, _rs_rows(("e0", 0), ("m", 9)), "event_id", "event_date", "q:m", 0)  # a delta-rs MERGE (string_view files)
+    before = _protocol(spark, path)
+    assert lake_spark.version(spark, path) == 9
+    metrics = lake_spark.optimize(spark, path)
+    assert metrics["metrics"]["numFilesRemoved"] == 9 and metrics["metrics"]["numFilesAdded"] == 1
+    assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").is_file(), "delta-spark checkpointed at version 10"
+    assert lake_spark.vacuum(spark, path, 0, enforce_retention=False) == 9, "the 9 files OPTIMIZE compacted (an insert-only MERGE rewrites none)"
+    assert spark.conf.get(lake_spark.RETENTION_CHECK, None) is None, "the retention check is restored"
+    assert [h["operation"] for h in lake_spark.history(spark, path, 3)] == ["VACUUM END", "VACUUM START", "OPTIMIZE"]
+    assert _protocol(spark, path) == before, "protocol and table features unchanged"
+
+    fresh = DeltaTable(str(path))  # opened from delta-spark's checkpoint
+    assert fresh.transaction_version("q:t") == 7 and fresh.transaction_version("q:m") == 0, "exactly-once state survives"
+    assert not lake.append_once(path, _rs_rows(("e7", 7)), "q:t", 7), "a replay is still refused"
+    assert lake.append_once(path, _rs_rows(("e8", 8)), "q:t", 8)
+    assert lake.insert_new_once(path, _rs_rows(("m", 9), ("n", 10)), "event_id", "event_date", "q:m", 1) == 1
+    expected = sorted([f"e{i}" for i in range(9)] + ["m", "n"])
+    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("event_id").to_pylist()) == expected
+    assert sorted(r["event_id"] for r in lake_spark.read(spark, path).collect()) == expected
+    assert lake_spark.file_count(spark, path) == 3

@@ -8,7 +8,7 @@ import datetime as dt
 
 import pyarrow.compute as pc
 
-from cdc_platform import lake
+from cdc_platform import lake, lake_spark
 from cdc_platform.cli import main
 from cdc_platform.latest_state import BASE, DELTA, LAYER, LatestStateStage, purge_tombstones
 from cdc_platform.maintenance import maintain
@@ -23,7 +23,7 @@ def layers(cfg) -> dict[str, int]:  # type: ignore[no-untyped-def]
     return {BASE: int(pc.sum(pc.equal(col, BASE)).as_py() or 0), DELTA: int(pc.sum(pc.equal(col, DELTA)).as_py() or 0)}
 
 
-def test_cdc_maintain_folds_compacts_vacuums_and_keeps_the_state(make_config, query, capsys) -> None:
+def test_cdc_maintain_folds_compacts_vacuums_and_keeps_the_state(make_config, query, capsys, spark) -> None:
     cfg = make_config(ORDERS)
     feed = Feed(cfg)
     for i in range(6):
@@ -31,25 +31,28 @@ def test_cdc_maintain_folds_compacts_vacuums_and_keeps_the_state(make_config, qu
     feed([d(10, 300)])
     before = state(query, cfg)
     assert layers(cfg)[DELTA] > 0
-    files = len(lake.open_table(lake.table_path(cfg.lake, "raw_change_events")).file_uris())
+    raw = lake.table_path(cfg.lake, "raw_change_events")
+    files = lake_spark.file_count(spark, raw)
     assert main(["maintain", "--lake", str(cfg.lake), "--vacuum-hours", "0"]) == 0
     out = capsys.readouterr().out
     assert "orders: folded 13 pending changes into the base" in out
     assert "raw_change_events: compacted" in out and "vacuumed" in out
     assert layers(cfg) == {BASE: 7, DELTA: 0}  # 6 + key 1, the delete kept as a tombstone
-    assert len(lake.open_table(lake.table_path(cfg.lake, "raw_change_events")).file_uris()) < files
+    assert lake_spark.file_count(spark, raw) < files
+    operations = [h["operation"] for h in lake_spark.history(spark, raw, 3)]
+    assert operations == ["VACUUM END", "VACUUM START", "OPTIMIZE"], "delta-spark compacted and vacuumed"
     assert state(query, cfg) == before
     feed([u(10, 250, amount=99)])  # stale change after the delete: the base tombstone still holds
     assert state(query, cfg) == before
 
 
-def test_expired_tombstones_are_purged_and_live_rows_kept(make_config, query) -> None:
+def test_expired_tombstones_are_purged_and_live_rows_kept(make_config, query, spark) -> None:
     cfg = make_config(ORDERS)
     feed = Feed(cfg)
     feed([c(1, 100), c(2, 100), c(3, 100)])
     feed([d(1, 200), truncate(150)])  # the truncate tombstones 2 and 3 too (their position is lower)
     feed([c(4, 400)])
-    reports = maintain(cfg.lake, vacuum_hours=168)
+    reports = maintain(spark, cfg.lake, vacuum_hours=168)
     assert {r.name: r.purged for r in reports}["orders"] == 0  # younger than the retention
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)
     assert purge_tombstones(lake.table_path(cfg.lake, "orders"), cfg.tables[0], now=later) == 4  # 3 tombstones + the marker
