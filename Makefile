@@ -14,7 +14,7 @@ check-java:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@$(BIN)/python -m pip install --quiet -e '.[dev,connect]'
 	@touch $(STAMP)
 
 # Re-resolves only when the pom, the script or the venv changed (and then only if pom, pyspark or
