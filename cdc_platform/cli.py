@@ -220,7 +220,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = Server(lake_dir, schema, connect_port=args.connect_port, jdbc_port=args.jdbc_port, master=master,
                     poll_interval=args.poll_interval, progress=_say)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill PID` stops it as cleanly as Ctrl-C
     try:
         info = server.start()
         quiet_spark_error_logs(server.spark)
@@ -230,7 +230,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        _say("stopping ...")
+        signal.signal(signal.SIGTERM, previous)
+        if server.spark is not None:
+            _say("stopping ...")
         server.stop()
     return 0
 

@@ -194,7 +194,8 @@ class Server:
             raise ServeError(f"a server (pid {running.pid}) already serves this lake at {running.connect_url}; stop it first (Ctrl-C, or kill {running.pid})")
         check_ports(self.host, {"--connect-port": self.connect_port, "--jdbc-port": self.jdbc_port})
         work_dir = self.lake_dir / WORK_DIR
-        work_dir.mkdir(parents=True, exist_ok=True)
+        for folder in ("warehouse", "hive-scratch/local", "hive-scratch/resources"):  # Hive logs an error per session without them
+            (work_dir / folder).mkdir(parents=True, exist_ok=True)
         self.progress(f"starting Spark ({self.master or 'local[2]'}) with Spark Connect on {self.host}:{self.connect_port} ...")
         self.spark = get_spark("cdc-serve", master=self.master, conf=server_conf(self.host, self.connect_port, self.jdbc_port, work_dir))
         self.refresh(force=True)
@@ -249,6 +250,8 @@ class Server:
         current = read_state(self.lake_dir)
         if current is not None and current.pid == os.getpid():
             state_path(self.lake_dir).unlink(missing_ok=True)
+        # Ctrl-C in a terminal (or a signal to the process group) reaches Spark's JVM too, which may be gone
+        # by now; stopping is then already done, and a dead py4j gateway is no error of the user's.
         if self.thrift is not None:
             try:
                 self.thrift.stop()
@@ -256,7 +259,10 @@ class Server:
                 pass
             self.thrift = None
         if self.spark is not None:
-            stop_spark()
+            try:
+                stop_spark()
+            except Exception:  # noqa: BLE001 - see above
+                pass
             self.spark = None
 
 
