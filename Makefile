@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The JVM jars Spark loads beside pyspark's (jvm/pom.xml), resolved by mvn; the manifest is the stamp.
 JARS_STAMP := jvm/jars/manifest.json
 
-.PHONY: setup demo test ui clean check-java testbed stack stack-status stack-stop
+.PHONY: setup demo test ui serve clean check-java testbed stack stack-status stack-stop
 
 check-java:
 	@$(PYTHON) scripts/check_java.py
@@ -14,7 +14,7 @@ check-java:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@$(BIN)/python -m pip install --quiet -e '.[dev,connect]'
 	@touch $(STAMP)
 
 # Re-resolves only when the pom, the script or the venv changed (and then only if pom, pyspark or
@@ -35,6 +35,11 @@ ui: setup
 	@mkdir -p .dagster_home && cp dagster_project/dagster.yaml .dagster_home/dagster.yaml
 	@test -f .cdc-demo/cdc.yaml || $(BIN)/cdc generate --out .cdc-demo
 	@DAGSTER_HOME=$(CURDIR)/.dagster_home $(BIN)/dagster dev -w workspace.yaml
+
+# One Spark serving the demo's lake: Spark Connect on 127.0.0.1:15002, JDBC on 127.0.0.1:10000 (README "Serving SQL").
+serve: setup
+	@test -f .cdc-demo/lake/_cdc_registry.json || $(BIN)/cdc demo
+	@$(BIN)/cdc serve --config .cdc-demo/cdc.yaml
 
 # The test bed (Kafka, Kafka Connect + Debezium, PostgreSQL, MariaDB on loopback; README "Test bed").
 # `testbed` resolves jvm/testbed with mvn and apt-installs the database servers when missing; the tests'

@@ -55,16 +55,21 @@ _JVM_ERROR_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.sc
 _PYSPARK_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 
 
+def quiet_pyspark_error_logs() -> None:
+    """pyspark's own SQL error loggers off; they log in a Spark Connect client too, where there is no JVM."""
+    from pyspark.logger import PySparkLogger
+
+    for name in _PYSPARK_ERROR_LOGGERS:
+        PySparkLogger.getLogger(name).disabled = True  # created as PySparkLogger: pyspark calls it with extra fields
+
+
 def quiet_spark_error_logs(spark: Any) -> None:
     """Keep Spark from printing a stack on its own: the CLI prints one `error:` line (the stack with --verbose).
 
     Both kinds of logger would print the JVM stack of an error the CLI is about to report: log4j's for a
     task that failed in an executor (a bad cast, a division by zero), pyspark's for every SQL error.
     """
-    from pyspark.logger import PySparkLogger
-
-    for name in _PYSPARK_ERROR_LOGGERS:
-        PySparkLogger.getLogger(name).disabled = True  # created as PySparkLogger: pyspark calls it with extra fields
+    quiet_pyspark_error_logs()
     jvm = spark.sparkContext._jvm
     if jvm is not None:
         off = jvm.org.apache.logging.log4j.Level.toLevel("OFF")
@@ -149,6 +154,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
     lake_dir = Path(args.lake).resolve()
     if not lake_dir.is_dir():  # before Spark starts: saying so costs no JVM
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
+    if not args.local and _sql_via_server(lake_dir, args):
+        return 0
     spark = _spark(check_spark_master(args.master), announce=args.format == "table")
     names = register_lake(spark, lake_dir)
     try:
@@ -159,6 +166,74 @@ def cmd_sql(args: argparse.Namespace) -> int:
             raise
         raise QueryError(spark_errors.describe(exc, names)) from exc
     print(format_rows(df.columns, rows, args.format))
+    return 0
+
+
+def _sql_via_server(lake_dir: Path, args: argparse.Namespace) -> bool:
+    """Run `cdc sql` on the lake's running `cdc serve` (no Spark start, no registering); False: run locally.
+
+    A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
+    of the Spark Connect client is not an error: the query runs in a local session instead, and says why.
+    """
+    from cdc_platform.serve import ServerUnavailable, find_server, remote_query
+
+    info, why_not = find_server(lake_dir)
+    if info is None:
+        if why_not:
+            _say(f"{why_not}; running the query in a local Spark session")
+        return False
+    quiet_pyspark_error_logs()
+    try:
+        columns, rows, _ = remote_query(info, args.query)
+    except ServerUnavailable as exc:
+        _say(f"{exc}; running the query in a local Spark session")
+        return False
+    except Exception as exc:
+        if not spark_errors.is_spark_error(exc):
+            raise
+        try:
+            from pyspark.sql import SparkSession
+
+            names = [t.name for t in SparkSession.builder.remote(info.connect_url).getOrCreate().catalog.listTables(info.schema)]
+        except Exception:  # the names only sharpen the message
+            names = []
+        raise QueryError(spark_errors.describe(exc, names)) from exc
+    if args.format == "table":
+        _say(f"answered by cdc serve (pid {info.pid}) at {info.connect_url}, schema {info.schema}")
+    print(format_rows(columns, rows, args.format))
+    return True
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from cdc_platform.config import check_catalog_schema, resolve_config_path
+    from cdc_platform.serve import Server
+
+    if args.lake and not args.config and resolve_config_path(None) is None:
+        lake_dir, schema, master = Path(args.lake).resolve(), args.schema or "cdc", check_spark_master(args.master)
+    else:
+        config = load_config(args.config, lake=args.lake, spark_master=args.master)
+        lake_dir, schema, master = config.lake, args.schema or config.catalog.schema, config.spark_master
+    schema = check_catalog_schema(schema)
+    server = Server(lake_dir, schema, connect_port=args.connect_port, jdbc_port=args.jdbc_port, master=master,
+                    poll_interval=args.poll_interval, progress=_say)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill PID` stops it as cleanly as Ctrl-C
+    try:
+        info = server.start()
+        quiet_spark_error_logs(server.spark)
+        _say(f"serving {lake_dir} as schema `{schema}`; Ctrl-C to stop")
+        print(f"spark connect: {info.connect_url}\njdbc: {info.jdbc_url}\nstate file: {lake_dir / '_serve.json'}", flush=True)
+        server.serve_forever(stop, timeout=args.timeout)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if server.spark is not None:
+            _say("stopping ...")
+        server.stop()
     return 0
 
 
@@ -320,8 +395,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="output: a text table, CSV with a header, or one JSON array of row objects (default: %(default)s)")
     add_master(p)
+    p.add_argument("--local", action="store_true",
+                   help="run in a local Spark session even when `cdc serve` serves the lake (default: use the server when one runs)")
     p.add_argument("query", help="the SQL query; quote it for the shell")
     p.set_defaults(func=cmd_sql)
+
+    p = command("serve", "serve the lake over Spark Connect and JDBC/ODBC, its tables and views in a catalog",
+                "Run one long-lived Spark for the lake with Spark Connect (notebooks, `cdc sql`) and the Spark Thrift "
+                "JDBC/ODBC server (BI tools) on loopback, every table and view registered under one schema and kept "
+                "current as tables and columns appear. Writes LAKE/_serve.json so `cdc sql` finds it; Ctrl-C stops it.")
+    add_paths(p)
+    add_master(p)
+    p.add_argument("--schema", metavar="NAME", help="schema (database) of the views (default: the config's catalog.schema, itself cdc)")
+    p.add_argument("--connect-port", type=int, default=15002, metavar="PORT", help="Spark Connect port on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--jdbc-port", type=int, default=10000, metavar="PORT",
+                   help="Thrift JDBC/ODBC (HiveServer2) port on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--poll-interval", type=float, default=5.0, metavar="S",
+                   help="seconds between checks of the lake for new tables and changed schemas (default: %(default)g)")
+    p.add_argument("--timeout", type=float, metavar="S", help="stop after this many seconds (default: run until Ctrl-C)")
+    p.set_defaults(func=cmd_serve)
 
     p = command("generate", "write a sample payments workload (Debezium MySQL) and its cdc.yaml",
                 "Write a sample payments database (customers, charges, refunds) as Debezium's MySQL connector emits it, with "

@@ -53,7 +53,13 @@ _TOP_KEYS = {
     "freshness_slo",
     "spark_master",
     "source",
+    "catalog",
 }
+_CATALOG_KEYS = {"schema"}
+#: The schema (database) `cdc serve` registers the lake's tables and views under, unless `catalog.schema` says.
+DEFAULT_CATALOG_SCHEMA = "cdc"
+#: A schema name Spark, Hive's JDBC URL and every BI tool take unquoted.
+CATALOG_SCHEMA_RE = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 _TABLE_KEYS = {"key", "mask", "name", "mask_mode", "mask_salt_env", "history", "tombstone_retention"}
 MASK_MODES = ("hash", "remove")
 DEFAULT_MASK_SALT_ENV = "CDC_MASK_SALT"
@@ -195,6 +201,17 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class CatalogConfig:
+    """Where the lake's tables and views are registered by name (`catalog:` in cdc.yaml).
+
+    One schema (database) holds them all, so a BI tool's JDBC URL (`.../<schema>`) or a notebook's
+    `USE <schema>` reaches every table and view of one lake; two lakes served at once need two names.
+    """
+
+    schema: str = DEFAULT_CATALOG_SCHEMA
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     """Everything a run needs. Build it with `load_config`; never read the environment elsewhere."""
 
@@ -211,6 +228,7 @@ class PlatformConfig:
     freshness_slo: float = 900.0  # seconds from a source commit to the lake before the freshness check fails
     #: Where Spark runs: None is spark-submit's --master when submitted, else local[2]; or spark://host:port, yarn, ...
     spark_master: str | None = None
+    catalog: CatalogConfig = field(default_factory=CatalogConfig)
     source_file: Path | None = field(default=None, compare=False)
     source: SourceConfig = field(default_factory=SourceConfig)  # `landing` is not read when it is Kafka
 
@@ -364,7 +382,10 @@ def parse_config(
         spark_master if spark_master is not None else raw.get("spark_master"), "--master" if spark_master is not None else f"{where}: `spark_master`"
     )
 
+    catalog = parse_catalog(raw.get("catalog"), where)
+
     return PlatformConfig(
+        catalog=catalog,
         landing=landing_path,
         lake=lake_path,
         tables=tables,
@@ -491,6 +512,24 @@ def _expand_env(value: str, entry: str, environ: Mapping[str, str]) -> str:
         return environ[m.group(1)]
 
     return _ENV_REF_RE.sub(sub, value)
+
+
+def check_catalog_schema(value: Any, where: str = "--schema") -> str:
+    """A schema name for the catalog; a name a JDBC URL cannot carry unquoted fails here, not in Spark."""
+    if not isinstance(value, str) or not CATALOG_SCHEMA_RE.match(value):
+        raise ConfigError(f"{where} must be a lower-case name of letters, digits and _ starting with a letter (e.g. cdc), got {value!r}")
+    return value
+
+
+def parse_catalog(raw: Any, where: str) -> CatalogConfig:
+    if raw is None:
+        return CatalogConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: `catalog` must be a mapping such as `catalog: {{schema: cdc}}`, got {raw!r}")
+    unknown = sorted(set(raw) - _CATALOG_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) catalog.{', catalog.'.join(unknown)}; allowed: {', '.join(sorted(_CATALOG_KEYS))}")
+    return CatalogConfig(schema=check_catalog_schema(raw.get("schema", DEFAULT_CATALOG_SCHEMA), f"{where}: `catalog.schema`"))
 
 
 def check_spark_master(value: Any, where: str = "--master") -> str | None:

@@ -30,3 +30,8 @@ class CommitConflictError(LakeError):
 class QueryError(CdcError):
     """A SQL query given to `cdc sql` failed in Spark (syntax, unknown column, table or function, a bad
     value); the message names the cause in words, Spark's error class last, so the user can fix the query."""
+
+
+class ServeError(CdcError):
+    """`cdc serve` cannot start or keep serving: a port is taken, or another server already serves the lake;
+    the message names the port or the running server and what to pass or stop."""

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,12 +113,15 @@ def loopback_standalone(master: str) -> bool:
     return all(h in _LOOPBACK_HOSTS for h in hosts)
 
 
-def get_spark(app_name: str = "cdc-platform", master: str | None = None) -> SparkSession:
+def get_spark(app_name: str = "cdc-platform", master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
     """The process-wide session: UI off, two shuffle partitions, UTC, log noise off, Delta on.
 
     `master` comes from the config (`spark_master`, or `--master`); None means spark-submit's master when
     the process was submitted, else `local[2]`. A process holds one session, so asking for another master
     than the running session's is an error rather than a silent fallback.
+
+    `conf` adds settings for the session's start (e.g. `cdc serve`'s Spark Connect plugin and ports); they
+    apply only when this call starts Spark, since a running JVM cannot take start-up settings any more.
     """
     global _SESSION
     if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
@@ -166,7 +170,7 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None) -> Spar
         # On an object store with a real cluster, leave Spark's default (drop this line).
         .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
     )
-    for key, value in DELTA_CONF.items():
+    for key, value in {**DELTA_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     _SESSION = builder.getOrCreate()
     return _SESSION

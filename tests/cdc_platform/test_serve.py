@@ -1,0 +1,298 @@
+"""`cdc serve` and the catalog: a real server subprocess on free loopback ports, queried over Spark Connect
+(from fresh processes), over JDBC (beeline), and by `cdc sql`; the catalog follows new columns and tables;
+every failure path (no server, a stale state file, no Connect client, a taken port) gives the promised outcome.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdc_platform import serve
+from cdc_platform.cli import main
+from cdc_platform.config import load_config
+from cdc_platform.errors import ConfigError
+from cdc_platform.processes import HOST, die_with_parent, free_ports, log_tail, stop_group
+from cdc_platform.serve import STATE_FILE, Server, ServerInfo, ServerUnavailable
+from tests.cdc_platform.test_latest_state import ev
+
+BIN = Path(sys.executable).parent
+CDC = BIN / "cdc"
+SCHEMA = "lakehouse"  # not the default: the config's catalog.schema must reach the server, JDBC URL included
+START_TIMEOUT = 300.0
+
+PEOPLE = [ev("c", pos=10 + i, table="people", after={"id": i, "name": n, "email": f"{n}@example.com"}) for i, n in enumerate(["ann", "bob", "cy"])]
+CHANGES = [ev("u", pos=20, table="people", after={"id": 1, "name": "bobby", "email": "b@example.com"}), ev("d", pos=21, table="people", before={"id": 2})]
+
+
+def write_config(root: Path, tables: dict[str, Any]) -> Path:
+    (root / "landing").mkdir(parents=True, exist_ok=True)
+    path = root / "cdc.yaml"
+    path.write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": tables, "catalog": {"schema": SCHEMA}}), encoding="utf-8")
+    return path
+
+
+def land_and_run(spark: Any, config_path: Path, name: str, lines: list[str]) -> None:
+    """What the `land` and `run_pipeline` fixtures do, for a lake that lives as long as the module's server."""
+    from cdc_platform.ingest import IngestJob
+
+    config = load_config(config_path)
+    target = config.landing / name
+    tmp = target.with_name(f".{name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.rename(target)
+    IngestJob(config).run_available_now(spark)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[tuple[Path, ServerInfo]]:
+    """A lake (people: three rows, an update, a delete) and `cdc serve` on it, stopped whole even when a test fails."""
+    root = tmp_path_factory.mktemp("served")
+    config_path = write_config(root, {"shop.people": {"key": ["id"], "mask": ["email"]}})
+    land_and_run(spark, config_path, "part-00001.jsonl", PEOPLE + CHANGES)
+    connect_port, jdbc_port = free_ports(2)
+    log = root / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(CDC), "serve", "--config", str(config_path), "--connect-port", str(connect_port), "--jdbc-port", str(jdbc_port),
+             "--poll-interval", "1"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(),
+        )
+    lake_dir = root / "lake"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while (info := serve.read_state(lake_dir)) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"cdc serve did not start (exit {proc.poll()}): {log_tail(log, 5)}")
+            time.sleep(0.5)
+        yield root, info
+    finally:
+        stop_group(proc.pid, reap=proc.poll)
+        proc.wait(timeout=30)
+        print(f"cdc serve log:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+CONNECT_CLIENT = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+print(json.dumps([r.asDict() for r in spark.sql(sys.argv[2]).collect()], default=str))
+"""
+
+
+def connect_query(url: str, sql: str) -> list[dict[str, Any]]:
+    """A query from a fresh process that knows nothing of this project: plain pyspark, a Spark Connect URL."""
+    done = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, url, sql], capture_output=True, text=True, timeout=180, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def beeline(jdbc_url: str, sql: str) -> list[dict[str, str]]:
+    import pyspark
+
+    env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent)}
+    done = subprocess.run([str(BIN / "beeline"), "-u", jdbc_url, "--silent=true", "--showHeader=true", "--outputformat=csv2", "-e", sql],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    # csv2 output; beeline prints its prompt (`0: jdbc:hive2://...> `) before the header line.
+    lines = [line.split("> ", 1)[1] if line.startswith("0: jdbc") else line for line in done.stdout.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("WARNING")]
+    return list(csv.DictReader(io.StringIO("\n".join(lines))))
+
+
+def test_the_catalog_from_a_fresh_spark_connect_session(served: tuple[Path, ServerInfo]) -> None:
+    _, info = served
+    assert info.schema == SCHEMA and info.connect_url == f"sc://{HOST}:{info.connect_port}"
+    rows = connect_query(info.connect_url, f"SELECT id, name FROM {SCHEMA}.people__full_view ORDER BY id")
+    assert rows == [{"id": 0, "name": "ann"}, {"id": 1, "name": "bobby"}]  # the update shown, the delete hidden
+    tables = {r["tableName"] for r in connect_query(info.connect_url, f"SHOW TABLES IN {SCHEMA}")}
+    assert {"people", "people__full_view", "people__clean_view", "people__stored", "people__consistent_view",
+            "raw_change_events", "dead_letter", "transactions"} <= tables
+    # The storage is named as storage: its layers are visible there, and only there.
+    stored = connect_query(info.connect_url, f"SELECT DISTINCT _layer FROM {SCHEMA}.people__stored")
+    assert stored and {r["_layer"] for r in stored} <= {"base", "delta"}
+    full_columns = connect_query(info.connect_url, f"SELECT * FROM {SCHEMA}.people__full_view LIMIT 1")[0]
+    assert "_layer" not in full_columns and "_deleted" not in full_columns
+    clean = connect_query(info.connect_url, f"SELECT email FROM {SCHEMA}.people__clean_view")
+    assert all("@example.com" not in str(r["email"]) for r in clean)
+
+
+def test_the_views_over_jdbc(served: tuple[Path, ServerInfo]) -> None:
+    _, info = served
+    assert info.jdbc_url == f"jdbc:hive2://{HOST}:{info.jdbc_port}/{SCHEMA}"
+    rows = beeline(info.jdbc_url, "SELECT id, name FROM people__full_view ORDER BY id")  # the URL's schema is the current one
+    assert rows == [{"id": "0", "name": "ann"}, {"id": "1", "name": "bobby"}]
+    assert beeline(info.jdbc_url, f"SELECT count(*) AS n FROM {SCHEMA}.raw_change_events") == [{"n": "5"}]
+
+
+def timed_cdc_sql(*argv: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.perf_counter()
+    done = subprocess.run([str(CDC), "sql", *argv], capture_output=True, text=True, timeout=600)
+    return time.perf_counter() - t0, done
+
+
+def test_cdc_sql_uses_the_server(served: tuple[Path, ServerInfo]) -> None:
+    root, info = served
+    lookup = "SELECT id, name FROM people__full_view WHERE id = 1"
+    timings = []
+    for _ in range(3):
+        seconds, done = timed_cdc_sql("--lake", str(root / "lake"), lookup)
+        assert done.returncode == 0, done.stderr
+        assert f"answered by cdc serve (pid {info.pid})" in done.stderr and "starting Spark" not in done.stderr
+        assert "bobby" in done.stdout
+        timings.append(seconds)
+    seconds_local, local = timed_cdc_sql("--lake", str(root / "lake"), "--local", "--format", "json", lookup)
+    assert local.returncode == 0, local.stderr
+    assert json.loads(local.stdout) == [{"id": 1, "name": "bobby"}]
+    print(f"\npoint lookup on a full view, cdc sql end to end: via cdc serve {', '.join(f'{t:.2f}' for t in timings)} s; "
+          f"local session (--local) {seconds_local:.2f} s")
+    # Qualified names work through the server; errors stay one line and exit 2.
+    _, qualified = timed_cdc_sql("--lake", str(root / "lake"), "--format", "json", f"SELECT count(*) AS n FROM {SCHEMA}.people__full_view")
+    assert json.loads(qualified.stdout) == [{"n": 2}]
+    _, wrong = timed_cdc_sql("--lake", str(root / "lake"), "SELECT nosuch FROM people__full_view")
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith("error: unknown column `nosuch`")
+    assert len([line for line in wrong.stderr.splitlines() if line.strip()]) == 1, wrong.stderr
+
+
+def test_the_catalog_follows_new_columns_and_new_tables(served: tuple[Path, ServerInfo], spark: Any) -> None:
+    root, info = served
+    config_path = root / "cdc.yaml"
+    doc = yaml.safe_load(config_path.read_text())
+    doc["tables"]["shop.orders"] = {"key": ["id"]}
+    config_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    land_and_run(spark, config_path, "part-00002.jsonl", [
+        ev("c", pos=30, table="people", after={"id": 5, "name": "dee", "email": "d@example.com", "city": "Utrecht"}),
+        ev("c", pos=31, table="orders", after={"id": 1, "total": 12}),
+    ])
+    deadline = time.monotonic() + 120
+    while True:
+        tables = {r["tableName"] for r in connect_query(info.connect_url, f"SHOW TABLES IN {SCHEMA}")}
+        if "orders__full_view" in tables:
+            break
+        assert time.monotonic() < deadline, f"orders never registered: {sorted(tables)}"
+        time.sleep(1)
+    assert connect_query(info.connect_url, f"SELECT id, total FROM {SCHEMA}.orders__full_view") == [{"id": 1, "total": 12}]
+    rows = connect_query(info.connect_url, f"SELECT id, city FROM {SCHEMA}.people__full_view WHERE id IN (0, 5) ORDER BY id")
+    assert rows == [{"id": 0, "city": None}, {"id": 5, "city": "Utrecht"}]
+
+
+# --- failure paths: no server, a stale one, no client, a taken port --------------------------------------
+
+@pytest.fixture
+def small_lake(make_config: Any, land: Any, run_pipeline: Any) -> Path:
+    config = make_config({"shop.people": {"key": ["id"]}})
+    land(None, PEOPLE)
+    run_pipeline(config)
+    return config.lake
+
+
+def write_state(lake_dir: Path, pid: int, port: int) -> None:
+    info = ServerInfo(pid=pid, lake=str(lake_dir), schema="cdc", host=HOST, connect_port=port, jdbc_port=port + 1, started_at="2026-01-01T00:00:00+00:00")
+    (lake_dir / STATE_FILE).write_text(json.dumps(info.__dict__), encoding="utf-8")
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_cdc_sql_without_a_server_runs_locally(small_lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sql", "--lake", str(small_lake), "--format", "json", "SELECT count(*) AS n FROM people__full_view"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [{"n": 3}] and "cdc serve" not in err
+
+
+@pytest.mark.parametrize("state", ["dead pid", "closed port", "garbage"])
+def test_cdc_sql_falls_back_when_the_state_file_names_no_live_server(small_lake: Path, state: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if state == "dead pid":
+        write_state(small_lake, dead_pid(), free_ports(1)[0])
+    elif state == "closed port":
+        write_state(small_lake, os.getpid(), free_ports(1)[0])
+    else:
+        (small_lake / STATE_FILE).write_text("{not json", encoding="utf-8")
+    assert main(["sql", "--lake", str(small_lake), "SELECT count(*) AS n FROM people__full_view"]) == 0
+    out, err = capsys.readouterr()
+    assert "| 3 " in out
+    expected = {"dead pid": "no longer running", "closed port": "does not answer", "garbage": None}[state]
+    if expected:
+        assert expected in err and "running the query in a local Spark session" in err
+
+
+def test_cdc_sql_falls_back_without_the_connect_client(small_lake: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import pyspark.sql.connect.utils as connect_utils
+
+    listener = socket.create_server((HOST, 0))
+    try:
+        write_state(small_lake, os.getpid(), listener.getsockname()[1])
+
+        def missing(_: str) -> None:
+            raise ImportError("No module named 'grpc_status'")
+
+        monkeypatch.setattr(connect_utils, "check_dependencies", missing)
+        info, _ = serve.find_server(small_lake)
+        assert info is not None
+        with pytest.raises(ServerUnavailable, match=r"pip install 'cdc-platform\[connect\]'"):
+            serve.remote_query(info, "SELECT 1")
+        assert main(["sql", "--lake", str(small_lake), "SELECT count(*) AS n FROM people__full_view"]) == 0
+        out, err = capsys.readouterr()
+        assert "| 3 " in out and "Spark Connect client is not installed" in err and "local Spark session" in err
+    finally:
+        listener.close()
+
+
+def test_serve_refuses_a_port_in_use_in_one_line(small_lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    listener = socket.create_server((HOST, 0))
+    taken = listener.getsockname()[1]
+    try:
+        free = free_ports(1)[0]
+        assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(taken)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: port {taken} on {HOST} is in use (another `cdc serve`, or another program): stop it or pass another --jdbc-port"]
+        assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(free)]) == 2
+        assert "the ports must differ" in capsys.readouterr().err
+        # A live server for the lake (its pid alive, its Connect port answering) is named rather than fought.
+        write_state(small_lake, os.getpid(), taken)
+        assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(free + 1)]) == 2
+        assert f"a server (pid {os.getpid()}) already serves this lake" in capsys.readouterr().err
+    finally:
+        listener.close()
+    assert not (small_lake / "_serve").exists()  # refused before anything was written
+
+
+def test_serve_without_a_lake_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--lake", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: lake directory {tmp_path / 'nope'} does not exist; run `cdc run` first or pass the right --lake/--config"]
+
+
+def test_stop_removes_only_its_own_state_file(tmp_path: Path) -> None:
+    write_state(tmp_path, os.getpid(), 1)
+    Server(tmp_path, "cdc").stop()
+    assert not (tmp_path / STATE_FILE).exists()
+    write_state(tmp_path, dead_pid(), 1)  # another server's file (say, one that started after this one)
+    Server(tmp_path, "cdc").stop()
+    assert (tmp_path / STATE_FILE).exists()
+
+
+def test_catalog_schema_in_the_config(tmp_path: Path) -> None:
+    (tmp_path / "cdc.yaml").write_text("landing: l\nlake: k\n", encoding="utf-8")
+    assert load_config(tmp_path / "cdc.yaml").catalog.schema == "cdc"
+    (tmp_path / "cdc.yaml").write_text("landing: l\nlake: k\ncatalog: {schema: shop_lake}\n", encoding="utf-8")
+    assert load_config(tmp_path / "cdc.yaml").catalog.schema == "shop_lake"
+    for bad, words in (("{schema: Shop-Lake}", "catalog.schema` must be a lower-case name"), ("{scheme: x}", "unknown key(s) catalog.scheme"),
+                       ("cdc", "`catalog` must be a mapping")):
+        (tmp_path / "cdc.yaml").write_text(f"landing: l\nlake: k\ncatalog: {bad}\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            load_config(tmp_path / "cdc.yaml")
