@@ -64,6 +64,10 @@ class BatchFigures:
     tombstones: int
     dead_letters: int
     newest_source_ts: dt.datetime | None
+    # --- issue 11 (e2e11): control records (heartbeats, schema changes) counted, see control_records ---
+    heartbeats: int = 0
+    schema_changes: int = 0
+    # --- end issue 11 ---
 
     @property
     def in_batch_duplicates(self) -> int:
@@ -96,6 +100,8 @@ def figures_of(parsed: DataFrame) -> BatchFigures:
         F.count_distinct(F.when(kind == "marker", F.col("marker_id"))).alias("distinct_markers"),
         count("tombstone").alias("tombstones"),
         count("dead_letter").alias("dead_letters"),
+        F.count(F.when((kind == "control") & (F.col("reason_code") == "heartbeat"), F.lit(1))).alias("heartbeats"),  # issue 11
+        F.count(F.when((kind == "control") & (F.col("reason_code") == "schema_change"), F.lit(1))).alias("schema_changes"),  # issue 11
         F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
     ).first()
     assert row is not None  # a global aggregate always has one row
