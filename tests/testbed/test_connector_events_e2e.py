@@ -46,9 +46,9 @@ LAKE_SQL = {
 
 def big_values(rng: random.Random) -> tuple[Any, ...]:
     """Values PostgreSQL stores out of line: random text and bytes do not compress below the TOAST threshold."""
-    hexed = os.urandom(20_000).hex()
-    return (hexed, os.urandom(30_000), [os.urandom(2_000).hex() for _ in range(10)], [rng.randrange(-2**31, 2**31) for _ in range(5_000)],
-            f'{{"k": "{os.urandom(10_000).hex()}"}}')
+    hexed = os.urandom(3_000).hex()
+    return (hexed, os.urandom(4_000), [os.urandom(500).hex() for _ in range(10)], [rng.randrange(-2**31, 2**31) for _ in range(1_000)],
+            f'{{"k": "{os.urandom(2_000).hex()}"}}')
 
 
 def source_rows(bed: Stack, table: str) -> list[tuple[Any, ...]]:
@@ -68,7 +68,7 @@ def test_toast_placeholders_heartbeats_messages_and_truncate_through_kafka(testb
             conn.execute(ddl)
         for i in (1, 2, 3):
             conn.execute(f"insert into {TOAST} values (%s, %s, %s, %s, %s, %s, %s)", (i, f"s{i}", *big_values(rng)))
-            conn.execute(f"insert into {FULL} values (%s, %s, %s)", (i, os.urandom(20_000).hex(), i))
+            conn.execute(f"insert into {FULL} values (%s, %s, %s)", (i, os.urandom(3_000).hex(), i))
     connector = bed.postgres_connector(PREFIX, [rf"public\.{TOAST}", rf"public\.{FULL}"], **{
         "heartbeat.interval.ms": 500, "skipped.operations": "none"})
     bed.connect.register(PREFIX, connector)
@@ -107,10 +107,10 @@ def test_toast_placeholders_heartbeats_messages_and_truncate_through_kafka(testb
                 time.sleep(1.0)
             with bed.postgres.connect() as conn:  # a non-transactional message, a changed TOAST value, a delete
                 conn.execute("select pg_logical_emit_message(false, 'ping', 'pong')")
-            run(bed, [(f"update {TOAST} set big = %s, small = 'new big' where id = 2", (os.urandom(20_000).hex(),))])
+            run(bed, [(f"update {TOAST} set big = %s, small = 'new big' where id = 2", (os.urandom(3_000).hex(),))])
             run(bed, [(f"delete from {TOAST} where id = 3", None)])
             run(bed, [(f"truncate {FULL}", None)])
-            run(bed, [(f"insert into {FULL} values (7, %s, 7)", (os.urandom(20_000).hex(),)),
+            run(bed, [(f"insert into {FULL} values (7, %s, 7)", (os.urandom(3_000).hex(),)),
                       (f"update {TOAST} set small = 'after truncate' where id = 1", None)])
             transactions += 4
             t1 = time.monotonic()
