@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import simplejson
 
+from cdc_platform import control_records
 from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS, PARSED
 
 try:  # optional speed-up (several times faster JSON); used only where its output is the stdlib's, byte for byte
@@ -476,6 +477,11 @@ def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec, r
         return _blank_row("tombstone", line, source_file)
     if not isinstance(payload, dict):
         raise _Dead("not_object", f"payload {_json_type(payload)}")
+    control = control_records.control_kind(payload, schema)
+    if control is not None:  # a heartbeat or schema-change record: counted, not stored (see control_records)
+        row = _blank_row("control", line, source_file)
+        row["reason_code"] = control
+        return row
     if "op" in payload or "source" in payload or "after" in payload or "before" in payload:
         return _parse_change(payload, schema, message_key, line, source_file, keys)
     if "status" in payload and "id" in payload:
@@ -493,13 +499,14 @@ def _parse_change(
         raise _Dead("missing_table")
     if not isinstance(src, dict):
         raise _Dead("invalid_field", f"`source` is a {_json_type(src)}, expected an object")
-    table_id = _table_id(src)
-    table = src["table"]
+    message = control_records.is_message(env)  # a logical-decoding message: raw log only, never applied
+    table_id = control_records.MESSAGES if message else _table_id(src)
+    table = None if message else src["table"]
 
     op = env.get("op")
     if op is None:
         raise _Dead("missing_op", table_id=table_id)
-    if not isinstance(op, str) or op not in KNOWN_OPS:
+    if not message and (not isinstance(op, str) or op not in KNOWN_OPS):
         raise _Dead("unknown_op", quote_value(op)[:40], table_id=table_id)
     before, after = env.get("before"), env.get("after")
     if before is not None and not isinstance(before, dict):
@@ -644,6 +651,7 @@ def _parse_debezium_marker(env: dict[str, Any], line: str, source_file: str | No
                 raise _Dead("invalid_marker", "data_collections entry lacks `data_collection`")
             n = _as_int(item.get("event_count"), "data_collections[].event_count")
             collections.append((item["data_collection"], n if n is not None else 0))
+        collections = control_records.merge_collections(collections)
     if status == "END" and count is None:
         raise _Dead("invalid_marker", "END has no event_count; completeness cannot be judged")
     return _marker_row(env.get("id"), status, count, collections, "debezium", _as_ts_ms(env.get("ts_ms"), "ts_ms"), line, source_file)
@@ -704,6 +712,7 @@ _ROW_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "dead_letter": ("kind", "line", "source_file", "reason_code", "reason", "table_id"),
     "tombstone": ("kind", "line", "source_file"),
+    "control": ("kind", "line", "source_file", "reason_code"),
 }
 _ROW_GETTERS = {kind: operator.itemgetter(*names) for kind, names in _ROW_KEYS.items()}
 _KEY_COUNTS = {kind: len(names) for kind, names in _ROW_KEYS.items()}

@@ -252,6 +252,8 @@ class IngestJob:
         seconds: dict[str, float] = {**(before or {}), "split": time.perf_counter() - t}
         landed: dict[str, int] = {}
         figures: dict[str, float] = {}
+        # issue 11 (e2e11): heartbeats and schema-change records are counted, not stored (control_records)
+        figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
         t = time.perf_counter()
         events = split.events.drop(parse_spark.SEQ)

@@ -16,8 +16,9 @@ The SQL view `<name>` (see `views.latest_state_sql`) folds base and delta by max
 broadcast joins against the small delta side, so reading it costs one scan of the base. The physical
 table is registered for SQL as `<name>__stored`; `<name>__full_view` is the canonical current state.
 
-Ordering is by source position only, never arrival or `ts_ms`: across batches the higher position wins
-and an equal position keeps what was stored first, so replays and duplicates change nothing. Deletes
+Ordering is by source position, never `ts_ms`: the higher position wins; two distinct events at an equal
+position are ordered by arrival, an identical redelivery changes nothing (see `ordering`). Debezium's
+unavailable-value placeholder (PostgreSQL TOAST) never lands: see `unavailable`. Deletes
 leave tombstones (`_deleted`), so a stale change can never resurrect a row until maintenance purges
 tombstones older than the table's `tombstone_retention`. A truncate is a marker row (key columns null,
 `_op` t) that makes every row with a lower position a tombstone. An update whose before key differs from
@@ -54,7 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from cdc_platform import envelope, lake, schemas
+from cdc_platform import envelope, lake, ordering, schemas, unavailable
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope import canonical_json  # the one definition of the `key` text
 from cdc_platform.envelope import json_text as _json_dump
@@ -459,6 +460,8 @@ def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[Change
     bad: list[tuple[int, str, str]] = []
     for i in range(len(events)):
         op = ops[i]
+        if op == "m":  # a logical-decoding message: kept in the raw log, never applied (control_records)
+            continue
         if op == "t":
             rows.append(ChangeRow(i, None, "t", True, None, 1))
             continue
@@ -891,6 +894,8 @@ class TableApply:
     widened_columns: int = 0
     compacted: int = 0
     compact_seconds: float = 0.0
+    unavailable_filled: int = 0  # Debezium placeholders replaced by the previous value (`unavailable`)
+    unavailable_unresolved: int = 0  # ... for which no previous value was known: stored as NULL
     dead: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -930,7 +935,8 @@ class LatestStateStage:
             if done.history_rows:
                 result.rows_landed[plan.table.history_name] = done.history_rows
             dead.extend(done.dead)
-            for k in ("rows", "tombstones", "truncates", "added_columns", "widened_columns", "compacted", "compact_seconds"):
+            for k in ("rows", "tombstones", "truncates", "added_columns", "widened_columns", "compacted", "compact_seconds",
+                      "unavailable_filled", "unavailable_unresolved"):
                 totals[k] = totals.get(k, 0.0) + float(getattr(done, k))
         if plans:
             totals["dead_letters"] = float(len(dead))
@@ -980,7 +986,8 @@ def prepare_table(lake_dir: Path, table: TableConfig, events: Events) -> TablePl
     path = lake.table_path(lake_dir, table.name)
     current = table_schema(path) if (path / "_delta_log").is_dir() else state_schema({})
     rows, bad = change_rows(events, table.key)
-    typed = type_rows(rows, events, source_columns(current), table)
+    typed, out.unavailable_filled, out.unavailable_unresolved = unavailable.resolve_batch(
+        rows, events, lambda: type_rows(rows, events, source_columns(current), table), table.key, unavailable.stored_lookup(path, table.key))
     for e, code, reason in bad:
         typed.dead.setdefault(e, (code, reason))
     out.dead = _dead_rows(events, typed.dead)
@@ -1087,23 +1094,7 @@ def _delta_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def fold_latest(rows: pa.Table, key: Sequence[str]) -> pa.Table:
-    """One row per key: the highest `_position`; on a tie, the one applied first (lowest `_seq`)."""
-    if rows.num_rows == 0:
-        return rows
-    order = pc.sort_indices(rows, sort_keys=[*((k, "ascending") for k in key), ("_position", "descending"), ("_seq", "ascending")])
-    s = rows.take(order)
-    n = s.num_rows
-    first = pa.array([True] * n) if n == 1 else None
-    if first is None:
-        changed: pa.Array | None = None
-        for k in key:
-            col = s.column(k).combine_chunks()
-            diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
-            changed = diff if changed is None else pc.or_(changed, diff)
-        assert changed is not None
-        first = pa.concat_arrays([pa.array([True]), changed])
-    return s.filter(first)
+fold_latest = ordering.fold_latest  # one row per key by (position, first arrival); see `ordering`
 
 
 def compact(path: Path, table: TableConfig) -> CompactReport:
@@ -1148,7 +1139,7 @@ def compact(path: Path, table: TableConfig) -> CompactReport:
         return (
             lake.open_table(path)
             .merge(source, predicate, source_alias="s", target_alias="t", commit_properties=lake.commit_props(None, None, cdc_operation="compact"))
-            .when_matched_update(updates=assign, predicate="s._position > t._position")
+            .when_matched_update(updates=assign, predicate=ordering.MERGE_NEWER)
             .when_not_matched_insert(updates=assign)
             .execute()
         )
@@ -1257,10 +1248,12 @@ def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], N
         raise LakeError(f"{config.lake} has no raw_change_events; run `cdc run --config ...` before `cdc rebuild`")
     lake.ensure_table(raw_path, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)  # a lake of an earlier version gains new columns
     raw = lake.scan(lake.open_table(raw_path), [f.name for f in schemas.RAW_CHANGE_EVENTS], pc.field("table_id") == table.source)
+    # First-arrival order (the raw log keeps each event's first copy), so ties at one position fold as the stream did.
+    raw = raw.sort_by([("ingested_at", "ascending"), ("kafka_topic", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     events = Events(raw)
     say(f"rebuilding {name} from {len(events):,} raw events of {table.source} ...")
     rows, bad = change_rows(events, table.key)
-    typed = type_rows(rows, events, {}, table, coerce=True)
+    typed, _, _ = unavailable.resolve_batch(rows, events, lambda: type_rows(rows, events, {}, table, coerce=True), table.key, None)
     for e, code, reason in bad:
         typed.dead.setdefault(e, (code, reason))
     live = [i for i, r in enumerate(rows) if r.event not in typed.dead]

@@ -68,6 +68,8 @@ class BatchFigures:
     newest_source_ts: dt.datetime | None
     events_footprint: Footprint
     markers_footprint: Footprint
+    heartbeats: int = 0  # control records (`control_records.py`): counted, never stored
+    schema_changes: int = 0
 
     @property
     def in_batch_duplicates(self) -> int:
@@ -101,6 +103,8 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime) -> BatchFigures:
         F.count_distinct(F.when(kind == "marker", F.col("marker_id"))).alias("distinct_markers"),
         count("tombstone").alias("tombstones"),
         count("dead_letter").alias("dead_letters"),
+        F.count(F.when((kind == "control") & (F.col("reason_code") == "heartbeat"), F.lit(1))).alias("heartbeats"),
+        F.count(F.when((kind == "control") & (F.col("reason_code") == "schema_change"), F.lit(1))).alias("schema_changes"),
         F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
         *footprint_columns("events_", F.coalesce(F.col("event_date"), today), F.col("position"), where=kind == "change"),
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),

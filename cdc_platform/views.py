@@ -104,8 +104,9 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
     """The current state with tombstones: base and delta layers folded by the highest `_position` per key.
 
     The delta side is small (compaction bounds it), so both joins broadcast it and the base is scanned
-    once in full plus once for its key columns; a filter on key columns prunes both scans. An equal
-    position keeps the base row (the one stored first), so a replayed change never wins. A truncate
+    once in full plus once for its key columns; a filter on key columns prunes both scans. At an equal
+    position the distinct event that arrived later wins, and a copy of a stored event counts as that
+    event's first arrival, so a redelivery changes nothing (`ordering`: the same rule as compaction). A truncate
     marker (key columns null, `_op` t) turns every row below its position into a tombstone.
 
     `pending=False` (no delta rows in the registered snapshot) and `truncates=False` (no markers in it)
@@ -116,15 +117,19 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
         return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
     rows = [*columns, *STATE_META, "_seq"]
     if pending:
-        newer = f"r.{q(key[0])} IS NOT NULL AND r.`_position` > b.`_position`"
+        newer = (f"r.{q(key[0])} IS NOT NULL AND (r.`_position` > b.`_position` OR (r.`_position` = b.`_position` "
+                 "AND r.`_event_id` <> b.`_event_id` AND r.`_seq` > b.`_seq`))")
         picked = ", ".join(f"b.{q(c)} AS {q(c)}" if c in key else f"CASE WHEN {newer} THEN r.{q(c)} ELSE b.{q(c)} END AS {q(c)}" for c in rows)
         folded = f"""`__base` AS (
   SELECT {_cols(rows)} FROM {q(stored)} WHERE `_layer` = 'base' AND {_keys_present(key)}
 ),
 `__recent` AS (
   SELECT {_cols(rows)} FROM (
-    SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `_seq` ASC) AS `__rank`
-    FROM {q(stored)} WHERE `_layer` = 'delta' AND {_keys_present(key)}
+    SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `__first` DESC, `_seq` ASC) AS `__rank`
+    FROM (
+      SELECT {_cols(rows)}, min(`_seq`) OVER (PARTITION BY {_cols(key)}, `_position`, `_event_id`) AS `__first`
+      FROM {q(stored)} WHERE `_layer` = 'delta' AND {_keys_present(key)}
+    )
   ) WHERE `__rank` = 1
 ),
 `__in_base` AS (
@@ -400,7 +405,7 @@ SELECT {', '.join(outer)} FROM (
     SELECT from_json(r.after, {sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
            r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
-           row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.event_id DESC) AS `__rank`
+           row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.ingested_at DESC, r.kafka_offset DESC NULLS LAST, r.event_id DESC) AS `__rank`
     FROM {q(RAW)} r
     JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
     LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t

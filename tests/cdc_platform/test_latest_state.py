@@ -165,9 +165,11 @@ def test_replayed_batch_commits_nothing_and_duplicates_change_nothing(make_confi
     report = feed(first, batch_id=0)  # the same batch again, as after a crash before the checkpoint
     assert lake.open_table(path).version() == version and "orders" not in report.rows_landed
     before = state(query, cfg)
-    feed(first + [u(1, 200, amount=99)], batch_id=1)  # redelivered, plus a different change at a stored position
+    feed(first, batch_id=1)  # redelivered in a later batch: nothing changes, not even `_ingested_at`
     assert state(query, cfg) == before
     assert [(r["id"], r["amount"]) for r in before] == [(1, 2), (2, 5)]
+    feed(first + [u(1, 200, amount=99)], batch_id=2)  # a distinct change at a stored position arrives later: it wins (issue 11)
+    assert [(r["id"], r["amount"]) for r in state(query, cfg)] == [(1, 99), (2, 5)]
 
 
 def test_within_a_batch_the_last_change_per_key_wins_by_position_then_transaction_order(make_config, query) -> None:

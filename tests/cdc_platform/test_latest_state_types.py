@@ -67,14 +67,17 @@ def test_connect_types() -> None:
     assert type_name(pa.decimal128(6, 2)) == "decimal(6,2)" and type_name(pa.int16()) == "smallint"
 
 
-def test_fold_latest_prefers_higher_position_then_the_first_applied() -> None:
+def test_fold_latest_prefers_higher_position_then_the_later_distinct_arrival() -> None:
+    """Issue 11: at an equal position the distinct event appended later wins; copies of one event count
+    as its first copy, so a redelivery (same `_event_id`, higher `_seq`) never overtakes."""
     rows = pa.table({
-        "k": [1, 1, 1, 2, 2],
-        "_position": ["b", "c", "c", "a", "a"],
-        "_seq": [1, 3, 2, 5, 4],
-        "v": ["old", "c3", "c2", "a5", "a4"],
+        "k": [1, 1, 1, 2, 2, 3, 3, 3],
+        "_position": ["b", "c", "c", "a", "a", "d", "d", "d"],
+        "_seq": [1, 3, 2, 5, 4, 6, 7, 8],
+        "_event_id": ["e1", "e3", "e2", "e4", "e4", "A", "B", "A"],
+        "v": ["old", "c3", "c2", "a5", "a4", "A6", "B7", "A8"],
     })
-    assert fold_latest(rows, ["k"]).column("v").to_pylist() == ["c2", "a4"]
+    assert fold_latest(rows, ["k"]).column("v").to_pylist() == ["c3", "a4", "B7"]
 
 
 def test_table_config_keys() -> None:

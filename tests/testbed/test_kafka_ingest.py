@@ -146,7 +146,9 @@ class Running:
 
     def stop(self) -> None:
         self.query.stop()
-        self.job.parser.close()
+        parser = getattr(self.job, "parser", None)  # the driver-side parser pool is gone since parsing moved onto the executors
+        if parser is not None:
+            parser.close()
         if self.job._failure is not None:
             raise self.job._failure
 
