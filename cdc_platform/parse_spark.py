@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from cdc_platform import schemas
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
-from cdc_platform.lake_spark import Footprint, footprint_columns, footprint_of
+from cdc_platform.lake_spark import Footprint, footprint_columns, footprint_of, spark_schema
+from cdc_platform.sources import input_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -45,9 +46,6 @@ def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
     them and keeps the partitioning, so (partition, row) is the lines' order.
     """
     from pyspark.sql import functions as F
-
-    from cdc_platform.lake_spark import spark_schema
-    from cdc_platform.sources import input_columns
 
     parsed = lines.select(*input_columns(lines.columns)).mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
     return parsed.withColumn(SEQ, F.monotonically_increasing_id())
@@ -110,8 +108,9 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime) -> BatchFigures:
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     ).first()
     assert row is not None  # a global aggregate always has one row
-    values = {k: v for k, v in row.asDict().items() if not k.startswith(("events_", "markers_"))}
-    footprints = {side: footprint_of(row.asDict(), f"{side}_") for side in ("events", "markers")}
+    whole = row.asDict()
+    values = {k: v for k, v in whole.items() if not k.startswith(("events_", "markers_"))}
+    footprints = {side: footprint_of(whole, f"{side}_") for side in ("events", "markers")}
     newest = values.pop("newest_source_ts")  # as a number: Python reads Spark timestamps in its local zone
     at = None if newest is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=newest)
     return BatchFigures(**values, newest_source_ts=at, events_footprint=footprints["events"], markers_footprint=footprints["markers"])
@@ -143,8 +142,6 @@ def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBa
 
 def _shape(rows: DataFrame, schema: pa.Schema, computed: dict[str, Column], *, keep_seq: bool = True) -> DataFrame:
     from pyspark.sql import functions as F
-
-    from cdc_platform.lake_spark import spark_schema
 
     target = spark_schema(schema)
     columns = [(computed[f.name] if f.name in computed else F.col(f.name)).cast(f.dataType).alias(f.name) for f in target.fields]

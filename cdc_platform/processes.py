@@ -59,14 +59,23 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     return setup
 
 
-def group_alive(pgid: int) -> bool:
+def _answers(send: Callable[[int, int], None], target: int) -> bool:
+    """Signal 0 checks existence only; a process we may not signal still exists."""
     try:
-        os.killpg(pgid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def group_alive(pgid: int) -> bool:
+    return _answers(os.killpg, pgid)
+
+
+def pid_alive(pid: int) -> bool:
+    return _answers(os.kill, pid)
 
 
 def stop_group(pgid: int, sig: int = signal.SIGTERM, timeout: float = 20.0, reap: Callable[[], Any] | None = None, kill_wait: float = 5.0) -> None:

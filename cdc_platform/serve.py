@@ -36,7 +36,7 @@ from typing import Any
 from cdc_platform import lake
 from cdc_platform.catalog import lake_fingerprint, register_catalog
 from cdc_platform.errors import ServeError
-from cdc_platform.processes import HOST, port_open
+from cdc_platform.processes import HOST, pid_alive, port_open
 
 STATE_FILE = "_serve.json"
 #: The server's own files (warehouse folder, Hive scratch space), in the lake's private area.
@@ -83,16 +83,6 @@ def read_state(lake_dir: Path) -> ServerInfo | None:
         return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__})
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def find_server(lake_dir: Path) -> tuple[ServerInfo | None, str | None]:

@@ -9,13 +9,7 @@ import pytest
 
 from cdc_platform.config import DEFAULT_MAX_OFFSETS_PER_TRIGGER, load_config, parse_source
 from cdc_platform.errors import ConfigError
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "conf" / "cdc.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+from tests.cdc_platform.test_config import write
 
 
 def test_files_is_the_default_and_unchanged(tmp_path: Path) -> None:
