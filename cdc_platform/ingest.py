@@ -244,28 +244,36 @@ class IngestJob:
     def _commit_batch(
         self, parsed: DataFrame, batch_id: int, query_id: str, *, t0: float, started: dt.datetime, before: dict[str, float] | None
     ) -> BatchReport:
-        spark = parsed.sparkSession
         t = time.perf_counter()
         split = parse_spark.split(parsed, batch_id, started)
+        try:
+            return self._commit_split(split, batch_id, query_id, t0=t0, started=started, before=before, split_seconds=time.perf_counter() - t)
+        finally:
+            split.release()
+
+    def _commit_split(
+        self, split: parse_spark.SplitBatch, batch_id: int, query_id: str, *, t0: float, started: dt.datetime,
+        before: dict[str, float] | None, split_seconds: float,
+    ) -> BatchReport:
+        spark = split.events.sparkSession
         figures_ = split.figures
         ctx = BatchContext(self.config, query_id, batch_id)
-        seconds: dict[str, float] = {**(before or {}), "split": time.perf_counter() - t}
+        seconds: dict[str, float] = {**(before or {}), "split": split_seconds}
         landed: dict[str, int] = {}
         figures: dict[str, float] = {}
         # issue 11 (e2e11): heartbeats and schema-change records are counted, not stored (control_records)
         figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
         t = time.perf_counter()
-        events = split.events.drop(parse_spark.SEQ)
         # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
         inserted = lake_spark.insert_new_once(
-            events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
-            footprint=figures_.events_footprint,
+            split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+            footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
         ) if figures_.change_events else 0
         landed[RAW] = inserted if inserted is not None else 0
         markers_inserted = lake_spark.insert_new_once(
-            split.markers.drop(parse_spark.SEQ), self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-            range_column="transaction_id", footprint=figures_.markers_footprint,
+            split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+            range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
         ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
         landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
         seconds["raw"] = time.perf_counter() - t

@@ -213,6 +213,7 @@ def insert_new_once(
     batch: int,
     range_column: str | None = None,
     footprint: Footprint | None = None,
+    row_column: str | None = None,
 ) -> int | None:
     """Append the rows of `df` whose id the table lacks, once per (application, batch).
 
@@ -228,7 +229,12 @@ def insert_new_once(
     what Delta runs for an insert-only MERGE anyway, but an append carries `txnAppId`/`txnVersion` as
     writer options (no session settings to guard) and the inserted count is the rows written, not a
     `DESCRIBE HISTORY` job afterwards. One stream writes a lake, so nothing inserts between the lookup
-    and the append.
+    and the append. The inserted count is the append's own commit metric (`rows_written`).
+
+    With `row_column` (a narrow column unique per row, such as the input order, dropped before the
+    write) the lookup joins only (id, row) and removes the known rows by that column from a broadcast
+    list, so the wide rows are written straight from where they are and never shuffled; without it
+    the rows themselves are joined.
     """
     from pyspark.sql import functions as F
 
@@ -241,12 +247,39 @@ def insert_new_once(
     if footprint.rows == 0:
         return 0  # nothing to record: a replay of an empty batch writes nothing either
     known = read(spark, path).where(footprint.condition(partition_column, range_column)).select(id_column)
-    fresh = df.join(known, on=id_column, how="left_anti").select(*df.columns).persist()
-    try:
-        inserted = fresh.count()
-        return inserted if append_once(fresh, path, application, batch) else None
-    finally:
-        fresh.unpersist()
+    if row_column is None:
+        fresh = df.join(known, on=id_column, how="left_anti").select(*df.columns)
+    else:
+        redelivered = df.select(id_column, row_column).join(known, on=id_column, how="left_semi").select(row_column)
+        fresh = df.join(F.broadcast(redelivered), on=row_column, how="left_anti").select(*(c for c in df.columns if c != row_column))
+    before = version(spark, path)
+    (fresh.write.format("delta").mode("append")
+     .option("txnAppId", application).option("txnVersion", batch).save(location(path)))
+    after = version(spark, path)
+    if after == before:
+        return None
+    return rows_written(spark, path, after)
+
+
+def rows_written(spark: SparkSession, path: Path | str, at_version: int) -> int:
+    """The rows the write committed as `at_version` added, from that commit's own metrics.
+
+    Reading the count back from the commit (one small log read) saves counting the rows in a job of
+    their own before the write, which would compute the batch's anti-join twice or hold it in memory.
+    Delta records `numOutputRows` for every write unless `spark.databricks.delta.history.metricsEnabled`
+    is off; then this refuses rather than guess.
+    """
+    from delta.tables import DeltaTable
+
+    from cdc_platform.errors import LakeError
+
+    row = DeltaTable.forPath(spark, location(path)).history(1).select("version", "operationMetrics").first()
+    if row is None or row["version"] != at_version or "numOutputRows" not in (row["operationMetrics"] or {}):
+        raise LakeError(
+            f"cannot read how many rows version {at_version} of {path} added (newest commit: {None if row is None else row['version']}); "
+            "another writer committed in between, or spark.databricks.delta.history.metricsEnabled is false: one stream writes a lake, with metrics on"
+        )
+    return int(row["operationMetrics"]["numOutputRows"])
 
 
 def optimize(spark: SparkSession, path: Path | str) -> dict[str, Any]:

@@ -56,6 +56,40 @@ def test_insert_new_once_dedups_by_identity_and_skips_a_replayed_batch(spark: An
     assert [h["operation"] for h in history] == ["CREATE TABLE", "WRITE", "WRITE"]
 
 
+def test_insert_new_once_by_a_row_column_drops_that_column_and_the_known_rows(spark: Any, table: Path) -> None:
+    first = spark.createDataFrame([("a", D1, 1)], SCHEMA)
+    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 0) == 1
+    batch = spark.createDataFrame([("a", D1, 1, 10), ("b", D1, 2, 11), ("c", D2, 3, 12)], SCHEMA + ", _seq BIGINT")
+    assert lake_spark.insert_new_once(batch, table, "event_id", "event_date", "q:raw", 1, row_column="_seq") == 2
+    assert lake_spark.read(spark, table).columns == ["event_id", "event_date", "v"]
+    assert rows(spark, table) == [("a", D1, 1), ("b", D1, 2), ("c", D2, 3)]
+
+
+def test_insert_new_once_counts_a_batch_of_nothing_but_redeliveries_as_zero(spark: Any, table: Path) -> None:
+    first = spark.createDataFrame([("a", D1, 1), ("b", D2, 2)], SCHEMA)
+    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 0) == 2
+    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 1) == 0  # committed (the batch is recorded), nothing added
+    assert rows(spark, table) == [("a", D1, 1), ("b", D2, 2)]
+
+
+def test_rows_written_refuses_a_commit_it_cannot_vouch_for(spark: Any, table: Path) -> None:
+    from cdc_platform.errors import LakeError
+
+    df = spark.createDataFrame([("a", D1, 1)], SCHEMA)
+    lake_spark.append_once(df, table, "q:raw", 0)
+    lake_spark.append_once(df, table, "other:raw", 0)  # another writer committed after version 1
+    assert lake_spark.rows_written(spark, table, 2) == 1
+    with pytest.raises(LakeError, match="another writer committed in between"):
+        lake_spark.rows_written(spark, table, 1)
+    spark.conf.set("spark.databricks.delta.history.metricsEnabled", "false")
+    try:
+        lake_spark.append_once(df, table, "q:raw", 1)
+        with pytest.raises(LakeError, match="metricsEnabled"):
+            lake_spark.rows_written(spark, table, 3)
+    finally:
+        spark.conf.unset("spark.databricks.delta.history.metricsEnabled")
+
+
 def test_insert_new_once_with_nothing_to_insert(spark: Any, table: Path) -> None:
     empty = spark.createDataFrame([], SCHEMA)
     assert lake_spark.insert_new_once(empty, table, "event_id", "event_date", "q:raw", 0) == 0
