@@ -144,6 +144,44 @@ def _recent_reasons(path: Path, newest: int) -> dict[str, int]:
     return {r["reason_code"]: int(r["reason_code_count"]) for r in counts.to_pylist()}
 
 
+DEAD_LETTER_SAMPLE_COLUMNS = ("dead_lettered_at", "stage", "reason_code", "reason", "source_file", "table_id")
+
+
+def newest_dead_letters(lake_dir: Path, n: int = 5) -> list[dict[str, Any]]:
+    """The `n` newest dead-letter rows (newest first), the columns a person needs to act on them."""
+    path = lake.table_path(lake_dir, "dead_letter")
+    if not path.is_dir():
+        return []
+    table = lake.open_table(path).to_pyarrow_table(columns=list(DEAD_LETTER_SAMPLE_COLUMNS))
+    return table.sort_by([("dead_lettered_at", "descending")]).slice(0, n).to_pylist()
+
+
+def batches_since(lake_dir: Path, after: dt.datetime | None, limit: int = 100) -> list[dict[str, Any]]:
+    """Micro-batches from `pipeline_metrics` that finished after `after` (the oldest `limit` of them;
+    without `after`, the newest `limit`), oldest first, each with its rows per second.
+
+    Read from the table's files with delta-rs: a Dagster sensor calls this every 30 s in a process that
+    has no Spark, and one small table does not warrant a JVM.
+    """
+    path = lake.table_path(lake_dir, "pipeline_metrics")
+    if not path.is_dir():
+        return []
+    columns = ["query_id", "batch_id", "started_at", "finished_at", "rows_read", "change_events", "markers", "dead_letters",
+               "duplicates_skipped", "lag_seconds"]
+    table = lake.open_table(path).to_pyarrow_table(columns=columns)
+    if after is not None:
+        table = table.filter(pc.greater(table.column("finished_at"), pa.scalar(after, table.schema.field("finished_at").type)))
+        table = table.sort_by([("finished_at", "ascending")]).slice(0, limit)
+    else:
+        table = table.sort_by([("finished_at", "descending")]).slice(0, limit).sort_by([("finished_at", "ascending")])
+    rows = table.to_pylist()
+    for row in rows:
+        seconds = (row["finished_at"] - row["started_at"]).total_seconds()
+        row["seconds"] = round(seconds, 3)
+        row["rows_per_second"] = round(row["rows_read"] / seconds, 1) if seconds > 0 else None
+    return rows
+
+
 def unconfigured_tables(lake_dir: Path, configured_sources: set[str]) -> dict[str, int]:
     """Source tables seen in the raw log that have no `tables:` entry, with their event counts.
 

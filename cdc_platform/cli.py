@@ -284,6 +284,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     timing = demo.Timing(
         generate=t_generated - t0, spark=t_spark - t_generated, pipeline=t_pipeline - t_spark, counting=t_end - t_pipeline, total=t_end - t0
     )
+    demo.write_counts(w.config_path.parent / demo.COUNTS_FILE, counts)
     print(demo.render(config, names, counts, report, timing))
     return 0
 

@@ -109,6 +109,17 @@ def count_lake(spark: Any, config: PlatformConfig, names: Sequence[str]) -> dict
     return {(r["name"], r["what"]): int(r["n"]) for r in rows}
 
 
+COUNTS_FILE = "demo-counts.json"
+
+
+def write_counts(path: Path, counts: Mapping[tuple[str, str], int]) -> None:
+    """Save the demo's counts (`name/what` -> n) beside its config, for tools that report what landed
+    without starting Spark (the Dagster recorder, `dagster_project/record.py`)."""
+    import json
+
+    path.write_text(json.dumps({f"{name}/{what}": n for (name, what), n in sorted(counts.items())}, indent=1), encoding="utf-8")
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 

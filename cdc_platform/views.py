@@ -16,7 +16,7 @@ lists; see `register_lake` for the order that keeps views over several tables co
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,21 @@ def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
     names.extend(register_latest_state_views(spark, lake_dir, versions))
     names.extend(register_consistent_views(spark, lake_dir))
     return names
+
+
+def view_text(spark: SparkSession, name: str) -> str | None:
+    """The SQL a view of this session was created with (Spark keeps it in the view's catalog entry),
+    or None for a view made from a DataFrame or a name that is no view. Classic sessions only (it asks
+    the session catalog through the JVM; Spark Connect has no such call)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier.apply(name)
+    try:
+        meta = spark._jsparkSession.sessionState().catalog().getTempViewOrPermanentTableMetadata(ident)
+    except Exception:  # noqa: BLE001 - py4j wraps the catalog's NoSuchTableException
+        return None
+    text = meta.viewText()
+    return str(text.get()) if text.isDefined() else None
 
 
 #: Tables the stream commits first in a batch; they are pinned last (see `register_lake`).
@@ -309,7 +324,9 @@ def _columns(stored: DataFrame, meta: Iterable[Any]) -> dict[str, bool]:
     return {f.name: isinstance(f.dataType, BinaryType) for f in stored.schema.fields if f.name not in names}
 
 
-def register_latest_state_views(spark: SparkSession, lake_dir: Path, versions: Mapping[str, int] | None = None) -> list[str]:
+def register_latest_state_views(
+    spark: SparkSession, lake_dir: Path, versions: Mapping[str, int] | None = None, only: Collection[str] | None = None
+) -> list[str]:
     """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
     latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
 
@@ -321,7 +338,7 @@ def register_latest_state_views(spark: SparkSession, lake_dir: Path, versions: M
     names: list[str] = []
     present = lake.lake_tables(lake_dir)
     for table in lake.registered_tables(lake_dir):
-        if table.name not in present:
+        if table.name not in present or (only is not None and table.name not in only):
             continue
         version, snapshot = _pinned(spark, present[table.name], (versions or {}).get(table.name))
         stored = stored_view_name(table.name)
@@ -419,6 +436,26 @@ SELECT {', '.join(outer)} FROM (
 
 
 SAMPLE_ROWS = 1000
+
+
+def table_frame(spark: SparkSession, lake_dir: Path, name: str) -> DataFrame:
+    """One lake table as a check reads it: a latest-state table as its folded state (tombstones
+    included), any other table as its Delta table. Registers only what that needs (the table's own
+    views), not the whole lake: a check of one table should not pin and plan every other."""
+    if name in {t.name for t in lake.registered_tables(lake_dir)}:
+        register_latest_state_views(spark, lake_dir, only={name})
+        return spark.table(lake.quote_identifier(name))
+    return lake_spark.read(spark, lake.table_path(lake_dir, name))
+
+
+def live_rows(spark: SparkSession, lake_dir: Path, names: Collection[str]) -> dict[str, int]:
+    """Live rows (tombstones excluded) of latest-state tables, counted through their full views in one query."""
+    registered = register_latest_state_views(spark, lake_dir, only=set(names))
+    present = [n for n in names if f"{n}__full_view" in registered]
+    if not present:
+        return {}
+    union = " UNION ALL ".join(f"SELECT {sql_string(n)} AS name, count(*) AS n FROM {lake.quote_identifier(n + '__full_view')}" for n in present)
+    return {r["name"]: int(r["n"]) for r in spark.sql(union).collect()}
 
 
 def register_consistent_views(spark: SparkSession, lake_dir: Path) -> list[str]:

@@ -27,7 +27,10 @@ from dagster import (
 )
 from cdc_platform import backfill, checks, maintenance
 from cdc_platform.config import PlatformConfig
+from cdc_platform.lake import quote_identifier
+from cdc_platform.lake_spark import sql_string
 from cdc_platform.ingest import IngestJob
+from dagster_project import metadata as md
 from dagster_project.resources import CdcResource
 
 INGEST_TABLES: dict[str, str] = {
@@ -97,12 +100,9 @@ def ingest_specs(config: PlatformConfig) -> list[AssetSpec]:
 
 def latest_state_rows(spark: Any, config: PlatformConfig) -> dict[str, int]:
     """Live rows per latest-state table, counted through its full view."""
-    from cdc_platform.views import register_lake
+    from cdc_platform.views import live_rows
 
-    if not config.tables:
-        return {}
-    register_lake(spark, config.lake)
-    return {t.name: int(spark.sql(f"SELECT count(*) AS n FROM `{t.name}__full_view`").collect()[0]["n"]) for t in config.tables}
+    return live_rows(spark, config.lake, [t.name for t in config.tables]) if config.tables else {}
 
 
 def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
@@ -121,9 +121,12 @@ def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
             meta: dict[str, object] = {"landed_this_run": landed.get(name, 0), "batches": len(report.batches)}
             if path.is_dir():
                 meta |= checks.table_stats(path).as_metadata()
+                meta |= md.table_metadata(path, rows=live.get(name, meta.get("rows")))
             if name in live:  # the stored rows above include tombstones and not-yet-folded changes
                 meta["stored_rows"] = meta.pop("rows", 0)
                 meta["rows"] = live[name]
+            if name == "dead_letter":
+                meta["newest_dead_letters"] = md.dead_letter_sample(cdc.lake)
             if name == "raw_change_events":
                 meta |= {"lines_read": report.total("rows_read"), "duplicates_skipped": report.total("duplicates_skipped"),
                          "dead_letters": report.total("dead_letters"), "seconds": round(report.seconds, 2)}
@@ -162,12 +165,19 @@ def build_view_assets(config: PlatformConfig) -> list:  # type: ignore[type-arg]
     def cdc_views(context, cdc: CdcResource) -> Iterator[MaterializeResult]:  # type: ignore[no-untyped-def]
         from cdc_platform.views import register_lake
 
+        from cdc_platform.views import view_text
+
         spark = cdc.spark()
         register_lake(spark, cdc.lake)
-        for key in sorted(context.selected_asset_keys, key=lambda k: k.path[-1]):
-            view = key.path[-1]
-            rows = spark.sql(f"SELECT count(*) AS n FROM `{view}`").collect()[0]["n"]
-            yield MaterializeResult(asset_key=key, metadata={"rows": rows, "query": f"SELECT * FROM {view}"})
+        selected = sorted(key.path[-1] for key in context.selected_asset_keys)
+        counts = {r["view"]: int(r["n"]) for r in spark.sql(" UNION ALL ".join(  # one job for every count
+            f"SELECT {sql_string(v)} AS view, count(*) AS n FROM {quote_identifier(v)}" for v in selected)).collect()}
+        for view in selected:
+            key, frame, rows = AssetKey(view), spark.table(quote_identifier(view)), counts[view]
+            yield MaterializeResult(asset_key=key, metadata={
+                "rows": rows, md.ROW_COUNT: rows, md.COLUMN_SCHEMA: md.column_schema(md.spark_columns(frame.schema)),
+                "query": f"SELECT * FROM {view}", "sql": md.sql_block(view_text(spark, view) or f"-- the SQL of {view} was not recorded"),
+            })
 
     return [cdc_views]
 

@@ -10,7 +10,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition,
 
 from cdc_platform import backfill, checks, quality
 from cdc_platform.config import PlatformConfig, TableConfig
-from cdc_platform.lake import quote_identifier, table_path
+from cdc_platform.lake import table_path
 from dagster_project.resources import CdcResource
 
 #: Check names that the hourly coverage-and-completeness schedule runs.
@@ -47,12 +47,10 @@ def _combine(outcomes: list[checks.CheckOutcome], empty: str) -> checks.CheckOut
 def gx_check(table: str, keys: tuple[str, ...] = (), latest_state: bool = False) -> AssetChecksDefinition:
     @asset_check(asset=table, name="great_expectations", description=f"Great Expectations suites for {table} (expectations/).")
     def _check(cdc: CdcResource) -> AssetCheckResult:
-        from cdc_platform.views import register_lake
+        from cdc_platform.views import table_frame
 
-        spark = cdc.spark()
-        register_lake(spark, cdc.lake)  # latest-state names resolve to the folded view, tombstones included
         suites = quality.suites_for(table, keys, latest_state=latest_state, directory=cdc.expectations())
-        df = spark.table(quote_identifier(table))
+        df = table_frame(cdc.spark(), cdc.lake, table)  # a latest-state table as its folded state, tombstones included
         return to_result(_combine([quality.validate(df, s) for s in suites], f"no suite found for {table}"))
 
     return _check

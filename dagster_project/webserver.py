@@ -33,15 +33,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(config_path: Path, port: int | None = None, timeout: float = 180.0) -> Iterator[str]:
-    """Run `dagster-webserver -w workspace.yaml` for `config_path`; yield its base URL; stop it after."""
+def serve(config_path: Path, port: int | None = None, timeout: float = 180.0, *, daemon: bool = False) -> Iterator[str]:
+    """Run `dagster-webserver -w workspace.yaml` for `config_path`; yield its base URL; stop it after.
+
+    With `daemon`, run `dagster dev` (webserver and daemon, as `make ui` does) instead: launched runs
+    are queued (the instance's pools need the queued run coordinator) and only the daemon starts them.
+    """
     port = port or free_port()
     home = Path(tempfile.mkdtemp(prefix="cdc-dagster-home-"))
     (home / "dagster.yaml").write_text((REPO / "dagster_project" / "dagster.yaml").read_text())
     env = os.environ | {CONFIG_ENV_VAR: str(config_path), "DAGSTER_HOME": str(home)}
-    exe = Path(sys.executable).parent / "dagster-webserver"
+    bin_dir = Path(sys.executable).parent
+    command = [str(bin_dir / "dagster"), "dev"] if daemon else [str(bin_dir / "dagster-webserver")]
     log = open(home / "webserver.log", "w")
-    proc = subprocess.Popen([str(exe), "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([*command, "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -126,3 +126,26 @@ def test_masked_value_never_visible_after_updates_and_compaction(mode, make_conf
 def test_infer_row_schema_types_columns_and_keeps_keys_first() -> None:
     samples = ['{"name": "a", "id": 1, "amount": 2, "ok": true, "meta": {"x": 1}}', '{"id": 2, "amount": 2.5, "name": null}', "not json"]
     assert views.infer_row_schema(samples, ["id"]) == [("id", "BIGINT"), ("name", "STRING"), ("amount", "DOUBLE"), ("ok", "BOOLEAN"), ("meta", "STRING")]
+
+
+def test_one_table_reads_as_a_check_reads_it_without_the_rest_of_the_lake(make_config, spark) -> None:
+    cfg = make_config({PEOPLE: {"key": ["id"]}, "shop.orders": {"key": ["id"]}})
+    Feed(cfg)([*people(), ev("d", pos=20, table="people", before={"id": 1}), ev("c", pos=21, table="orders", after={"id": 7})])
+    for name in ("people", "people__full_view", "orders", "orders__full_view"):
+        spark.catalog.dropTempView(name)
+    folded = views.table_frame(spark, cfg.lake, "people")
+    assert sorted((r["id"], r["_deleted"]) for r in folded.select("id", "_deleted").collect()) == [(0, False), (1, True), (2, False)]
+    assert not spark.catalog.tableExists("orders")  # only the checked table's views were registered
+    raw = views.table_frame(spark, cfg.lake, "raw_change_events")
+    assert raw.count() == 5
+    assert views.live_rows(spark, cfg.lake, ["people", "orders"]) == {"people": 2, "orders": 1}
+
+
+def test_a_views_sql_is_read_back_from_the_session(make_config, query, spark) -> None:
+    cfg = make_config({PEOPLE: {"key": ["id"]}})
+    Feed(cfg)(people())
+    query(cfg, "SELECT 1")
+    text = views.view_text(spark, "people__full_view")
+    assert text is not None and text.lstrip().upper().startswith(("SELECT", "WITH")) and "`people`" in text
+    assert views.view_text(spark, "raw_change_events") is None  # a table registered from a DataFrame has no SQL
+    assert views.view_text(spark, "no_such_view") is None

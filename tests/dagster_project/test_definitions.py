@@ -67,6 +67,66 @@ def test_cdc_pipeline_materialises_everything_and_every_check_passes(pipeline_ru
     assert not dead.passed and dead.severity.value == "WARN" and dead.metadata["new_dead_letters"].value == 1
 
 
+def test_the_pipeline_runs_in_one_process_and_its_assets_carry_dagster_metadata(pipeline_run: Any) -> None:
+    workload, defs, result, _ = pipeline_run
+    assert defs.resolve_job_def(PIPELINE_JOB).executor_def.name == "in_process"  # one Spark for the whole run
+    assert defs.resolve_job_def("coverage_and_completeness_checks").executor_def.name == "in_process"
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
+    raw = meta["raw_change_events"]
+    assert raw["dagster/row_count"].value == workload.change_events
+    assert {"event_id", "position", "source_ts"} <= {c.name for c in raw["dagster/column_schema"].value.columns}
+    expected_live = sum(1 for row in workload.expected_state["payments.customers"].values() if row is not None)
+    assert meta["customers"]["dagster/row_count"].value == expected_live  # live rows, not the stored layers
+    full = meta["customers__full_view"]
+    assert full["dagster/row_count"].value == expected_live
+    assert "email" in {c.name for c in full["dagster/column_schema"].value.columns}
+    assert full["sql"].value.startswith("```sql") and "`customers`" in full["sql"].value
+    sample = meta["dead_letter"]["newest_dead_letters"].value
+    assert "| dead_lettered_at | stage | reason_code |" in sample and "| ingest |" in sample  # the sample's one malformed line
+
+
+def test_the_stream_sensor_reports_each_micro_batch_once(pipeline_run: Any) -> None:
+    from dagster import SensorResult, SkipReason, build_sensor_context
+
+    from cdc_platform import lake
+    from cdc_platform.config import load_config
+
+    workload, defs, _, instance = pipeline_run
+    sensor = defs.resolve_sensor_def("stream_batches")
+    batches = lake.open_table(load_config(workload.config_path).lake / "pipeline_metrics").to_pyarrow_table(columns=["batch_id"]).num_rows
+    first = sensor(build_sensor_context(instance=instance))
+    assert isinstance(first, SensorResult) and len(first.asset_events) == batches >= 1
+    observed = first.asset_events[-1]
+    assert observed.asset_key.to_user_string() == "raw_change_events"
+    assert {"rows_read", "change_events", "rows_per_second", "batch_id", "query_id"} <= set(observed.metadata)
+    again = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
+    assert isinstance(again, SkipReason)
+
+
+def test_the_demo_records_what_landed_as_materialisations(pipeline_run: Any, tmp_path: Path) -> None:
+    from dagster import AssetKey
+
+    from dagster_project.record import record_lake
+
+    workload, _, _, _ = pipeline_run
+    home = tmp_path / "home"
+    recorded = record_lake(workload.config_path, home)
+    assert {"raw_change_events", "transactions", "customers", "dead_letter"} <= set(recorded)
+    with DagsterInstance.from_config(str(home)) as instance:
+        event = instance.get_latest_materialization_event(AssetKey("raw_change_events"))
+        assert event is not None and event.asset_materialization is not None
+        assert event.asset_materialization.metadata["dagster/row_count"].value == workload.change_events
+
+
+def test_markdown_samples_stay_one_line_per_row() -> None:
+    from dagster_project.metadata import markdown_table
+
+    text = markdown_table([{"a": "x|y", "b": "two\nlines"}, {"a": None, "b": "z" * 500}], ["a", "b"])
+    lines = text.splitlines()
+    assert lines[:2] == ["| a | b |", "|---|---|"] and len(lines) == 4
+    assert "x\\|y" in lines[2] and "two lines" in lines[2] and lines[3].endswith("… |")
+
+
 def test_a_corrupted_lake_turns_the_matching_checks_red(pipeline_run: Any, spark: Any) -> None:
     """A row removed from a latest-state table, and a transaction that lost an event."""
     import json

@@ -1,0 +1,75 @@
+"""Dagster's standard asset metadata for the lake's tables and views: `dagster/row_count` and
+`dagster/column_schema` (so the UI shows rows over time and a column list), a view's SQL, and a
+Markdown sample of the newest dead letters. Values come from `cdc_platform`; this module only maps
+them to Dagster's metadata types, for the assets and for the demo's recorded materialisations alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dagster import MetadataValue, TableColumn, TableSchema
+
+from cdc_platform import checks, lake
+
+ROW_COUNT = "dagster/row_count"
+COLUMN_SCHEMA = "dagster/column_schema"
+SAMPLE_CELL_CHARS = 120
+
+
+def column_schema(columns: Iterable[tuple[str, str, bool]]) -> MetadataValue:
+    """(name, type, nullable) per column as a `TableSchema`."""
+    return MetadataValue.table_schema(TableSchema(columns=[
+        TableColumn(name=name, type=type_, constraints=None if nullable else _required()) for name, type_, nullable in columns
+    ]))
+
+
+def _required() -> Any:
+    from dagster import TableColumnConstraints
+
+    return TableColumnConstraints(nullable=False)
+
+
+def delta_columns(path: Path) -> list[tuple[str, str, bool]]:
+    """A Delta table's columns from its log (no scan): (name, Arrow type, nullable)."""
+    schema = lake.open_table(path).schema().to_arrow()
+    return [(f.name, str(f.type), f.nullable) for f in schema]
+
+
+def spark_columns(schema: Any) -> list[tuple[str, str, bool]]:
+    """A Spark `StructType`'s columns: (name, Spark SQL type, nullable)."""
+    return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
+
+
+def table_metadata(path: Path, rows: int | None = None) -> dict[str, Any]:
+    """Row count (file statistics unless `rows` is given) and column schema of one lake table."""
+    meta: dict[str, Any] = {COLUMN_SCHEMA: column_schema(delta_columns(path))}
+    meta[ROW_COUNT] = int(rows if rows is not None else checks.table_stats(path).rows)
+    return meta
+
+
+def sql_block(sql: str) -> MetadataValue:
+    return MetadataValue.md(f"```sql\n{sql.strip()}\n```")
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A Markdown table; cells are one line, pipes escaped, long values cut with an ellipsis."""
+
+    def cell(value: Any) -> str:
+        text = "" if value is None else " ".join(str(value).split())
+        if len(text) > SAMPLE_CELL_CHARS:
+            text = text[: SAMPLE_CELL_CHARS - 1] + "…"
+        return text.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def dead_letter_sample(lake_dir: Path, n: int = 5) -> MetadataValue:
+    rows = checks.newest_dead_letters(lake_dir, n)
+    if not rows:
+        return MetadataValue.md("No dead letters: every line and event was used.")
+    return MetadataValue.md(f"The {len(rows)} newest of the dead letters, newest first:\n\n"
+                            + markdown_table(rows, checks.DEAD_LETTER_SAMPLE_COLUMNS))
