@@ -127,6 +127,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
             ScheduleDefinition(name="checks_hourly", job=check_job, cron_schedule="0 * * * *", default_status=DefaultScheduleStatus.STOPPED),
             ScheduleDefinition(name="maintenance_daily", job=lake_maintenance, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.STOPPED),
         ],
-        sensors=[new_landing_files, unconfigured_source_tables, stream_batches],
+        # A Kafka source has no landing folder to watch: `cdc stream` reads it, and stream_batches shows that.
+        sensors=[*([new_landing_files] if config.source.kafka is None else []), unconfigured_source_tables, stream_batches],
         resources={"cdc": CdcResource(config_path=str(path))},
     )

@@ -223,3 +223,11 @@ def test_descriptions_carry_no_angle_bracket_placeholders(tmp_path: Path) -> Non
     assert any("coverage" in name for name in texts) and any("snapshot_load" in name for name in texts)
     markup = {name: text for name, text in texts.items() if text and re.search(r"<[A-Za-z/]", text)}
     assert markup == {}
+
+
+def test_a_kafka_lake_has_no_landing_sensor(tmp_path: Path) -> None:
+    config = tmp_path / "cdc.yaml"
+    config.write_text("lake: lake\nsource:\n  kind: kafka\n  bootstrap_servers: 127.0.0.1:9092\n  topics: [payments.customers]\n"
+                      "tables:\n  payments.customers: {key: [id]}\n", encoding="utf-8")
+    names = {s.name for s in build_defs(config).sensors}
+    assert "new_landing_files" not in names and {"stream_batches", "unconfigured_source_tables"} <= names
