@@ -152,6 +152,34 @@ def test_a_batch_that_crashed_midway_completes_once_on_replay(make_config) -> No
     assert len(metrics) == 1 and dict(metrics[0]["stage_figures"]) == {"flaky.seen": 1.0}
 
 
+def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays_once(make_config, monkeypatch) -> None:
+    """The raw log and the markers are written at once; one side's error still fails the batch, and
+    the replay writes only what is missing."""
+    from cdc_platform import lake_spark
+
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    job = IngestJob(cfg, stages=[])
+    job.setup()
+    marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
+    batch = parsed_batch([event(pos=1), marker], {"payments.customers": ["id"]})
+    real = lake_spark.insert_new_once
+
+    def markers_fail_once(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith("transaction_markers") and not getattr(markers_fail_once, "failed", False):
+            markers_fail_once.failed = True  # type: ignore[attr-defined]
+            raise OSError("disk full while writing the markers")
+        return real(df, path, *args, **kwargs)
+
+    monkeypatch.setattr(lake_spark, "insert_new_once", markers_fail_once)
+    with pytest.raises(OSError, match="disk full"):
+        job.process_parsed(batch, 0, "q")
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("transaction_markers")).to_pyarrow_table().num_rows == 0
+    replay = job.process_parsed(batch, 0, "q")
+    assert replay.rows_landed["raw_change_events"] == 0 and replay.rows_landed["transaction_markers"] == 1
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+
+
 def tree(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")}
 
