@@ -27,6 +27,8 @@ def test_session_loads_the_manifest_jars_and_enables_delta(spark: Any) -> None:
     assert conf.get("spark.jars.packages", None) is None
     for key, value in DELTA_CONF.items():
         assert spark.conf.get(key) == value
+    # VACUUM's listing jobs get a task count that fits the machine, not Spark's 10,000 (minutes per `cdc maintain`)
+    assert spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism") == "8"
 
 
 def test_delta_table_write_merge_history(spark: Any, tmp_path: Path) -> None:
