@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,9 +37,6 @@ from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError
 from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
-
-_T = TypeVar("_T")
-_U = TypeVar("_U")
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -181,28 +178,6 @@ def _dedup_first(table: pa.Table, column: str) -> tuple[pa.Table, int]:
     return table.take(first.take(pc.sort_indices(first))), table.num_rows - len(first)  # first row per id, in input order
 
 
-def _both(spark: SparkSession, first: Callable[[], _T], second: Callable[[], _U]) -> tuple[_T, _U]:
-    """Run two independent Spark writes at once (Spark takes jobs from several threads); the first
-    error is raised after both have finished, so no write is left running behind a failed batch.
-
-    Each thread inherits the calling thread's Spark job properties and the session's tags
-    (`inheritable_thread_target`), so the jobs belong to the stream's micro-batch like the ones it runs
-    itself (a stopped query cancels them).
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pyspark import inheritable_thread_target
-
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="cdc-commit") as pool:
-        inherit = inheritable_thread_target(spark)
-        a, b = pool.submit(inherit(first)), pool.submit(inherit(second))
-        errors = [f.exception() for f in (a, b)]
-    for error in errors:
-        if error is not None:
-            raise error
-    return a.result(), b.result()
-
-
 class IngestJob:
     """The streaming job for one lake. Use `run_available_now` (cdc run) or `start` (cdc stream)."""
 
@@ -291,20 +266,15 @@ class IngestJob:
 
         t = time.perf_counter()
         # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
-        # The two sides are independent tables, so they are written at once (`_both`): each commit's
-        # driver-side work (planning, the log, the commit itself) overlaps the other's tasks.
-        inserted, markers_inserted = _both(
-            spark,
-            lambda: lake_spark.insert_new_once(
-                split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
-                footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
-            ) if figures_.change_events else 0,
-            lambda: lake_spark.insert_new_once(
-                split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-                range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
-            ) if figures_.markers else 0,  # the marker id is `<transaction id>|<status>`
-        )
+        inserted = lake_spark.insert_new_once(
+            split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+            footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
+        ) if figures_.change_events else 0
         landed[RAW] = inserted if inserted is not None else 0
+        markers_inserted = lake_spark.insert_new_once(
+            split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+            range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
+        ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
         landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
         seconds["raw"] = time.perf_counter() - t
         replayed = inserted is None

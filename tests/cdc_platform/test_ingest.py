@@ -153,8 +153,8 @@ def test_a_batch_that_crashed_midway_completes_once_on_replay(make_config) -> No
 
 
 def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays_once(make_config, monkeypatch) -> None:
-    """The raw log and the markers are written at once; one side's error still fails the batch, and
-    the replay writes only what is missing."""
+    """The raw log commits before the markers; a markers error fails the batch with the events landed,
+    and the replay writes only what is missing."""
     from cdc_platform import lake_spark
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
