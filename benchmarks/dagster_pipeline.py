@@ -5,7 +5,7 @@ the launched run, the daemon starts it (one process for the run), on the demo's 
 Prints the wall time from the launch to the run's end, the run's steps, and every asset check's
 result (ERROR checks must all pass). Target (issue 12): under 60 s on the 2-core machine.
 
-    .venv/bin/python benchmarks/dagster_pipeline.py [--transactions N] [--screenshot asset-graph.png]
+    .venv/bin/python benchmarks/dagster_pipeline.py [--transactions N] [--screenshots DIR]
 """
 
 from __future__ import annotations
@@ -34,12 +34,29 @@ query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status startT
     ... on MaterializationEvent { assetKey { path } } } } } } }
 """
 DONE = {"SUCCESS", "FAILURE", "CANCELED"}
+PAGES = {"asset-graph.png": "/asset-groups", "raw_change_events.png": "/assets/raw_change_events", "dead_letter.png": "/assets/dead_letter"}
+
+
+def capture(url: str, folder: Path) -> None:
+    """Headless-Chromium screenshots of the UI pages a person looks at after a run."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        say("no chromium on PATH: no screenshots (apt-get install -y chromium)")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, page in PAGES.items():
+        with tempfile.TemporaryDirectory() as profile:
+            subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
+                            "--window-size=1600,1000", "--virtual-time-budget=20000", f"--screenshot={(folder / name).resolve()}",
+                            f"{url}{page}"], capture_output=True, timeout=180)
+        say(f"screenshot of {page}: {folder / name}" if (folder / name).is_file() else f"no screenshot of {page}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=500, help="sample size (default 500: `cdc demo`'s, 677 change events)")
-    parser.add_argument("--screenshot", type=Path, default=None, help="also capture the asset graph after the run (headless Chromium)")
+    parser.add_argument("--screenshots", type=Path, default=None, metavar="DIR",
+                        help="also capture the asset graph and two asset pages after the run into DIR (headless Chromium)")
     args = parser.parse_args()
     banner("cdc_pipeline in Dagster")
     work = OUT / "dagster_pipeline"
@@ -77,16 +94,8 @@ def main() -> int:
             failed_error += (not ev["success"]) and ev["severity"] == "ERROR"
             say(f"  check {'/'.join(ev['assetKey']['path'])}:{ev['checkName']}: {mark}")
         say(f"ERROR checks failed: {failed_error}")
-        if args.screenshot is not None:
-            browser = shutil.which("chromium") or shutil.which("chromium-browser")
-            if browser is None:
-                say("no chromium on PATH: no screenshot (apt-get install -y chromium)")
-            else:
-                with tempfile.TemporaryDirectory() as profile:
-                    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}",
-                                    "--window-size=1600,1000", "--virtual-time-budget=20000", f"--screenshot={args.screenshot.resolve()}",
-                                    f"{url}/asset-groups"], capture_output=True, timeout=180)
-                say(f"screenshot: {args.screenshot}")
+        if args.screenshots is not None:
+            capture(url, args.screenshots)
     return 0 if run["status"] == "SUCCESS" and not failed_error else 1
 
 
