@@ -33,7 +33,9 @@ def _required() -> Any:
 
 def delta_columns(path: Path) -> list[tuple[str, str, bool]]:
     """A Delta table's columns from its log (no scan): (name, Arrow type, nullable)."""
-    schema = lake.open_table(path).schema().to_arrow()
+    import pyarrow as pa
+
+    schema = pa.schema(lake.open_table(path).schema().to_arrow())  # delta-rs hands out an arro3 schema; its type names read as Rust
     return [(f.name, str(f.type), f.nullable) for f in schema]
 
 
