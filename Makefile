@@ -27,7 +27,7 @@ setup: check-java $(STAMP) $(JARS_STAMP)
 
 demo: setup
 	@$(BIN)/cdc demo
-	@$(BIN)/python -m dagster_project.record --config .cdc-demo/cdc.yaml --home .dagster_home
+	@PYTHONWARNINGS=ignore $(BIN)/python -m dagster_project.record --config .cdc-demo/cdc.yaml --home .dagster_home
 
 test: setup
 	@$(BIN)/python -m pytest -q --durations=30
