@@ -463,13 +463,20 @@ class IngestJob:
             stop_watch.set()
             if watcher is not None:
                 watcher.join()
-            self._stopping.set()
-            with self._batch_lock:  # the batch in flight, if any, ends first; later ones refuse to start
+            self.stop_after_batch(query)
+        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
+
+    def stop_after_batch(self, query: StreamingQuery) -> None:
+        """Stop a started stream without interrupting a batch: the one in flight, if any, commits whole;
+        a later one refuses to start and replays on restart. (`query.stop()` alone interrupts the batch.)"""
+        self._stopping.set()
+        try:
+            with self._batch_lock:
                 pass
             if query.isActive:
                 query.stop()
+        finally:
             self._stopping.clear()
-        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
 
     def _watch_idle(self, query: StreamingQuery, stop: threading.Event) -> threading.Thread | None:
         """Call the stages' `on_idle` while the stream is quiet; a failure stops the stream like a batch failure."""

@@ -145,7 +145,7 @@ class Running:
             time.sleep(2.0)
 
     def stop(self) -> None:
-        self.query.stop()
+        self.job.stop_after_batch(self.query)  # `query.stop()` alone interrupts a batch in flight (CI saw it)
         parser = getattr(self.job, "parser", None)  # the driver-side parser pool is gone since parsing moved onto the executors
         if parser is not None:
             parser.close()
