@@ -163,9 +163,7 @@ def build_view_assets(config: PlatformConfig) -> list:  # type: ignore[type-arg]
 
     @multi_asset(name="cdc_views", specs=specs, can_subset=True, description="Registers the lake's views once and counts each selected one.")
     def cdc_views(context, cdc: CdcResource) -> Iterator[MaterializeResult]:  # type: ignore[no-untyped-def]
-        from cdc_platform.views import register_lake
-
-        from cdc_platform.views import view_text
+        from cdc_platform.views import register_lake, view_text
 
         spark = cdc.spark()
         register_lake(spark, cdc.lake)

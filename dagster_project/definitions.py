@@ -6,9 +6,8 @@ The config file comes from `CDC_CONFIG`; without it, the demo's (`.cdc-demo/cdc.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import datetime as dt
+from pathlib import Path
 
 from dagster import (
     AssetKey,
