@@ -109,3 +109,40 @@ def test_a_topic_created_after_the_start_is_read_without_a_restart(testbed: Stac
         assert sorted(topics) == [f"{prefix}.first", f"{prefix}.second", f"{prefix}.second"], "the new topic, from its first offset"
     finally:
         query.stop()
+
+
+def test_a_restart_that_replays_an_uncommitted_batch_keeps_streaming(testbed: Stack, spark: Any, tmp_path: Path) -> None:
+    """A batch planned but not committed (a crash, or a stop that refused it) is replayed from the offset log
+    on restart, without the source's `latestOffset`. Spark's Kafka connector 4.1.1 and 4.1.2 then fail the
+    stream in progress reporting (SPARK-55271), so every restart after a crash stopped again; jvm/pom.xml
+    takes 4.1.3 for its fix."""
+    topic = f"replay_{uuid.uuid4().hex[:8]}"
+    produce(testbed.broker.bootstrap, topic, [(None, change(i), 0) for i in (1, 2, 3)])
+    kafka = KafkaSourceConfig(bootstrap_servers=testbed.broker.bootstrap, topics=(topic,), starting_offsets="earliest")
+
+    def crash(df: Any, batch_id: int) -> None:
+        raise RuntimeError("the process dies inside the batch")
+
+    query = start(spark, kafka, tmp_path / "ckpt", crash, available_now=False)  # type: ignore[arg-type]
+    try:
+        query.awaitTermination(120)
+    except Exception:  # noqa: BLE001 - the crash is the point; the checkpoint now holds an uncommitted batch
+        pass
+    assert (tmp_path / "ckpt" / "offsets" / "0").exists() and not (tmp_path / "ckpt" / "commits" / "0").exists()
+
+    sink = Collect()
+    query = start(spark, kafka, tmp_path / "ckpt", sink, available_now=False)
+    try:
+        deadline = time.monotonic() + 90
+        while len(sink.rows()) < 3:
+            assert query.isActive, query.exception()
+            assert time.monotonic() < deadline, "the replayed batch never arrived"
+            time.sleep(0.5)
+        produce(testbed.broker.bootstrap, topic, [(None, change(4), 0)])
+        while len(sink.rows()) < 4:
+            assert query.isActive, f"the stream stopped after the replay: {query.exception()}"
+            assert time.monotonic() < deadline + 60, "the record after the replay never arrived"
+            time.sleep(0.5)
+        assert sorted(r["kafka_offset"] for r in sink.rows()) == [0, 1, 2, 3], "the replay read the batch once"
+    finally:
+        query.stop()
