@@ -43,15 +43,24 @@ def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
     if not lake_dir.is_dir():
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     names: list[str] = []
-    versions: dict[str, int] = {}
     tables = lake.lake_tables(lake_dir)
-    for name in sorted(tables, key=_read_rank):
-        versions[name], df = lake_spark.pinned(spark, tables[name])
-        df.createOrReplaceTempView(lake.quote_identifier(name))
+    versions = register_tables(spark, lake_dir, tables)
     names.extend(tables)
     names.extend(register_latest_state_views(spark, lake_dir, versions))
     names.extend(register_consistent_views(spark, lake_dir))
     return names
+
+
+def register_tables(spark: SparkSession, lake_dir: Path, names: Collection[str]) -> dict[str, int]:
+    """Register the lake tables `names` (those present) as temp views of their Delta tables, each pinned,
+    in `register_lake`'s order; return the pinned versions. For a reader of a few tables (a check), which
+    need not pin and plan the whole lake."""
+    tables = lake.lake_tables(lake_dir)
+    versions: dict[str, int] = {}
+    for name in sorted((n for n in names if n in tables), key=_read_rank):
+        versions[name], df = lake_spark.pinned(spark, tables[name])
+        df.createOrReplaceTempView(lake.quote_identifier(name))
+    return versions
 
 
 def view_text(spark: SparkSession, name: str) -> str | None:
@@ -118,11 +127,17 @@ def _keys_present(key: Sequence[str], alias: str | None = None, *, present: bool
 def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *, pending: bool = True, truncates: bool = True) -> str:
     """The current state with tombstones: base and delta layers folded by the highest `_position` per key.
 
-    The delta side is small (compaction bounds it), so both joins broadcast it and the base is scanned
-    once in full plus once for its key columns; a filter on key columns prunes both scans. At an equal
-    position the distinct event that arrived later wins, and a copy of a stored event counts as that
-    event's first arrival, so a redelivery changes nothing (`ordering`: the same rule as compaction). A truncate
-    marker (key columns null, `_op` t) turns every row below its position into a tombstone.
+    One window over both layers picks each key's newest row. At an equal position the distinct event
+    that arrived later wins, and a copy of a stored event counts as that event's first arrival, so a
+    redelivery changes nothing (`ordering`: the same rule as compaction; base rows were appended before
+    every delta row, so a base row is never a later arrival). A truncate marker (key columns null, `_op`
+    t) turns every row below its position into a tombstone.
+
+    Why one window and not a join of the two layers: a filter on the key columns (a point lookup, the
+    common query from a BI tool or `cdc sql`) is pushed below a window partitioned by the key, so the
+    lookup reads only the files whose statistics can hold the key and runs as a few small jobs. The join
+    form needed a broadcast per side and ran 14 jobs for one lookup (1.1 to 1.8 s against 0.4 s); it
+    saved a shuffle of the base on full scans (at 10M rows a full count took 3.1 s against 7.0 s now; README).
 
     `pending=False` (no delta rows in the registered snapshot) and `truncates=False` (no markers in it)
     drop the parts of the plan that would find nothing; the caller decides from the same snapshot's log.
@@ -132,30 +147,15 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
         return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
     rows = [*columns, *STATE_META, "_seq"]
     if pending:
-        newer = (f"r.{q(key[0])} IS NOT NULL AND (r.`_position` > b.`_position` OR (r.`_position` = b.`_position` "
-                 "AND r.`_event_id` <> b.`_event_id` AND r.`_seq` > b.`_seq`))")
-        picked = ", ".join(f"b.{q(c)} AS {q(c)}" if c in key else f"CASE WHEN {newer} THEN r.{q(c)} ELSE b.{q(c)} END AS {q(c)}" for c in rows)
-        folded = f"""`__base` AS (
-  SELECT {_cols(rows)} FROM {q(stored)} WHERE `_layer` = 'base' AND {_keys_present(key)}
-),
-`__recent` AS (
+        # One shuffle by the key serves both windows (the first alone would partition by all three columns).
+        folded = f"""`__folded` AS (
   SELECT {_cols(rows)} FROM (
     SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `__first` DESC, `_seq` ASC) AS `__rank`
     FROM (
       SELECT {_cols(rows)}, min(`_seq`) OVER (PARTITION BY {_cols(key)}, `_position`, `_event_id`) AS `__first`
-      FROM {q(stored)} WHERE `_layer` = 'delta' AND {_keys_present(key)}
+      FROM (SELECT {_cols(rows)} FROM {q(stored)} WHERE {_keys_present(key)} DISTRIBUTE BY {_cols(key)})
     )
   ) WHERE `__rank` = 1
-),
-`__in_base` AS (
-  SELECT /*+ BROADCAST(r) */ {_cols(key, 'b')} FROM `__base` b LEFT SEMI JOIN `__recent` r ON {_keys_equal(key, 'b', 'r')}
-),
-`__folded` AS (
-  SELECT /*+ BROADCAST(r) */ {picked}
-  FROM `__base` b LEFT JOIN `__recent` r ON {_keys_equal(key, 'b', 'r')}
-  UNION ALL
-  SELECT /*+ BROADCAST(i) */ {_cols(rows, 'r')}
-  FROM `__recent` r LEFT ANTI JOIN `__in_base` i ON {_keys_equal(key, 'r', 'i')}
 )"""
     else:
         folded = f"""`__folded` AS (

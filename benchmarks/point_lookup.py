@@ -1,0 +1,93 @@
+"""How long does a point lookup on a full view take through `cdc serve`? (issue 12: under 1 s end to end)
+
+Builds the demo's sample lake (`cdc run` on 500 generated transactions, 677 change events), starts
+`cdc serve` on free loopback ports, and times, after one warm-up round:
+
+* over Spark Connect, from a client session already connected (a notebook, a BI tool's open
+  connection): `SELECT 1`, a lookup by key on `customers__stored` (the storage, no fold), on
+  `customers__full_view` and on `customers__clean_view`;
+* `cdc sql "<lookup>"` as a command, end to end: the Python process, finding the server, the query.
+
+Medians and extremes of `--repeats` runs are printed with the load average; nothing is asserted.
+
+    .venv/bin/python benchmarks/point_lookup.py [--repeats 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from _common import OUT, REPO, banner, fresh_dir, load_average, say
+
+from cdc_platform import serve
+from cdc_platform.generate import generate_workload
+from cdc_platform.processes import die_with_parent, free_ports, log_tail, stop_group
+
+CDC = Path(sys.executable).parent / "cdc"
+
+
+def timed(label: str, run: Callable[[], object], repeats: int) -> list[float]:
+    run()  # warm-up: the server's first plan of this query shape
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    say(f"  {label:<44} median {statistics.median(times):.3f} s  (min {min(times):.3f}, max {max(times):.3f})")
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per query after one warm-up (default 10)")
+    args = parser.parse_args()
+    banner("point lookup through cdc serve")
+    work = fresh_dir(OUT / "point_lookup")
+    sample = generate_workload(work / "sample", transactions=500)
+    t0 = time.monotonic()
+    subprocess.run([str(CDC), "run", "--config", str(sample.config_path)], check=True, capture_output=True, cwd=REPO)
+    say(f"lake built by `cdc run` in {time.monotonic() - t0:.1f} s: {sample.change_events:,} change events")
+    lake_dir = sample.config_path.parent / "lake"
+    connect_port, jdbc_port = free_ports(2)
+    log = work / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(CDC), "serve", "--config", str(sample.config_path), "--connect-port", str(connect_port),
+                                 "--jdbc-port", str(jdbc_port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent())
+    try:
+        t0 = time.monotonic()
+        while (info := serve.read_state(lake_dir)) is None:
+            if proc.poll() is not None or time.monotonic() - t0 > 300:
+                say(f"cdc serve did not start: {log_tail(log, 5)}")
+                return 1
+            time.sleep(0.5)
+        say(f"cdc serve ready in {time.monotonic() - t0:.1f} s  [{load_average()}]")
+        _, rows, session = serve.remote_query(info, "SELECT id FROM customers__stored ORDER BY id LIMIT 1")
+        key = rows[0][0]
+        lookups = {
+            "SELECT 1": "SELECT 1",
+            "customers__stored by id": f"SELECT * FROM customers__stored WHERE id = {key}",
+            "customers__full_view by id": f"SELECT * FROM customers__full_view WHERE id = {key}",
+            "customers__clean_view by id": f"SELECT * FROM customers__clean_view WHERE id = {key}",
+        }
+        say(f"Spark Connect, connected client ({args.repeats} runs each):")
+        for label, query in lookups.items():
+            timed(label, lambda q=query: session.sql(q).collect(), args.repeats)
+        say(f"`cdc sql` end to end ({args.repeats} runs):")
+        lookup = lookups["customers__full_view by id"]
+        timed("cdc sql <full_view by id>", lambda: subprocess.run(
+            [str(CDC), "sql", "--lake", str(lake_dir), lookup], check=True, capture_output=True), args.repeats)
+        say(f"[{load_average()}]")
+    finally:
+        stop_group(proc.pid, reap=proc.poll)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
