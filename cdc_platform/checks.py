@@ -208,15 +208,15 @@ def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from cdc_platform.views import register_lake
+    from cdc_platform import lake_spark
+    from cdc_platform.views import table_frame
 
-    register_lake(spark, lake_dir)
-    state = spark.table(lake.quote_identifier(table.name)).where(F.col(table.key[0]).isNotNull())
+    # Only this table and the raw log, pinned in that order: the raw log is never older than the state it checks.
+    state = table_frame(spark, lake_dir, table.name).where(F.col(table.key[0]).isNotNull())
+    raw = lake_spark.pinned(spark, lake.table_path(lake_dir, "raw_change_events"))[1].where(F.col("table_id") == table.source)
     types = {f.name: f.dataType for f in state.schema.fields}
     key_type = StructType([StructField(k, types.get(k, StringType())) for k in table.key])
     key_cols = [F.col(k) for k in table.key]
-    # The raw log as register_lake pinned it, after the latest state: never older than the state it checks.
-    raw = spark.table(lake.quote_identifier("raw_change_events")).where(F.col("table_id") == table.source)
     events = raw.select(
         F.from_json("key", key_type).alias("k"), F.from_json("before", key_type).alias("bk"), "op", "position",
         F.coalesce("tx_total_order", F.lit(0)).alias("ord"),
@@ -230,18 +230,22 @@ def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
         expected = expected.where(F.col("last.position") >= F.lit(truncated_at))
     expected = expected.select(F.to_json("k").alias("key"), F.col("last.position").alias("expected_position"))
     actual = state.select(F.to_json(F.struct(*key_cols)).alias("key"), F.col("_position").alias("state_position"), F.col("_deleted"))
-    joined = expected.join(actual, "key", "full_outer").cache()
-    try:
-        missing = joined.where("expected_position IS NOT NULL AND (state_position IS NULL OR _deleted)")
-        stale = joined.where("expected_position IS NOT NULL AND NOT _deleted AND state_position != expected_position")
-        extra = joined.where("expected_position IS NULL AND state_position IS NOT NULL AND NOT _deleted")
-        n_expected = joined.where("expected_position IS NOT NULL").count()
-        n_state = joined.where("state_position IS NOT NULL AND NOT _deleted").count()
-        counts = {"missing": missing.count(), "wrong_position": stale.count(), "extra": extra.count()}
-        samples = {name: [r["key"] for r in df.select("key").orderBy("key").limit(SAMPLE).collect()]
-                   for name, df in (("missing", missing), ("wrong_position", stale), ("extra", extra)) if counts[name]}
-    finally:
-        joined.unpersist()
+    joined = expected.join(actual, "key", "full_outer")
+    kinds = {
+        "missing": "expected_position IS NOT NULL AND (state_position IS NULL OR _deleted)",
+        "wrong_position": "expected_position IS NOT NULL AND NOT _deleted AND state_position != expected_position",
+        "extra": "expected_position IS NULL AND state_position IS NOT NULL AND NOT _deleted",
+    }
+    # One job for every count; the mismatched keys are read only when there are any (a passing check is the common case).
+    totals = joined.agg(
+        F.count_if(F.expr("expected_position IS NOT NULL")).alias("expected"),
+        F.count_if(F.expr("state_position IS NOT NULL AND NOT _deleted")).alias("state"),
+        *(F.count_if(F.expr(cond)).alias(name) for name, cond in kinds.items()),
+    ).collect()[0]
+    n_expected, n_state = int(totals["expected"]), int(totals["state"])
+    counts = {name: int(totals[name]) for name in kinds}
+    samples = {name: [r["key"] for r in joined.where(kinds[name]).select("key").orderBy("key").limit(SAMPLE).collect()]
+               for name in kinds if counts[name]}
     covered = n_expected - counts["missing"] - counts["wrong_position"]
     pct = 100.0 * covered / n_expected if n_expected else 100.0
     meta: dict[str, Any] = {"expected_live_keys": n_expected, "state_live_keys": n_state, "coverage_percent": round(pct, 4), **counts}
@@ -266,9 +270,9 @@ def completeness(spark: Any, lake_dir: Path, timeout_seconds: float, retention_s
     """
     from pyspark.sql import functions as F
 
-    from cdc_platform.views import register_lake
+    from cdc_platform.views import register_tables
 
-    register_lake(spark, lake_dir)
+    register_tables(spark, lake_dir, ("open_transactions", "incomplete_transactions", "transaction_markers", "raw_change_events"))
     retention = retention_seconds if retention_seconds is not None else 5 * timeout_seconds
     newest = _as_utc(column_max(lake.table_path(lake_dir, "raw_change_events"), "source_ts"))
     meta: dict[str, Any] = {"timeout_seconds": float(timeout_seconds)}
@@ -292,23 +296,26 @@ def completeness(spark: Any, lake_dir: Path, timeout_seconds: float, retention_s
               .groupBy("transaction_id", "table_id").agg(F.countDistinct("event_id").alias("landed")))
     per_table = ends.join(landed, ["transaction_id", "table_id"], "left").fillna(0, ["landed"]).cache()
     try:
-        checked = per_table.select("transaction_id").distinct().count()
-        short = per_table.where("landed != expected")
-        bad_ids = [r["transaction_id"] for r in short.select("transaction_id").distinct().orderBy("transaction_id").limit(SAMPLE).collect()]
-        n_bad = short.select("transaction_id").distinct().count()
+        per_tx = per_table.groupBy("transaction_id").agg(F.max(F.col("landed") != F.col("expected")).alias("short"))
+        seen = per_tx.agg(F.count("*").alias("checked"), F.count_if("short").alias("short")).collect()[0]
+        checked, n_bad = int(seen["checked"]), int(seen["short"])
+        bad_ids = ([r["transaction_id"] for r in per_tx.where("short").select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
+                   if n_bad else [])
         totals = {r["table_id"]: {"expected": int(r["e"]), "landed": int(r["l"])}
                   for r in per_table.groupBy("table_id").agg(F.sum("expected").alias("e"), F.sum("landed").alias("l")).collect()}
     finally:
         per_table.unpersist()
     cutoff = fastest - dt.timedelta(seconds=retention)
     incomplete = spark.table("incomplete_transactions")
-    n_incomplete = incomplete.count()
     reasons = {r["reason"]: int(r["n"]) for r in incomplete.groupBy("reason").agg(F.count("*").alias("n")).collect()}
+    n_incomplete = sum(reasons.values())
     stuck = (spark.table("open_transactions").where("entry = 'open'")
              .where(F.coalesce("end_ts", "last_event_ts", "begin_ts") < F.lit(cutoff)))
     n_stuck = stuck.count()
-    incomplete_ids = [r["transaction_id"] for r in incomplete.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
-    stuck_ids = [r["transaction_id"] for r in stuck.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
+    # The ids are read only when there is something to show (a passing check is the common case).
+    incomplete_ids = ([r["transaction_id"] for r in incomplete.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()]
+                      if n_incomplete else [])
+    stuck_ids = [r["transaction_id"] for r in stuck.select("transaction_id").orderBy("transaction_id").limit(SAMPLE).collect()] if n_stuck else []
     pct = 100.0 * (checked - n_bad) / checked if checked else 100.0
     meta |= {"retention_seconds": float(retention), "transactions_checked": checked, "count_mismatches": n_bad, "completeness_percent": round(pct, 4),
              "incomplete_transactions": n_incomplete, "open_past_timeout": n_stuck, "expected_vs_landed_per_table": totals}

@@ -149,13 +149,13 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from cdc_platform.views import register_lake
-
     lake_dir = Path(args.lake).resolve()
     if not lake_dir.is_dir():  # before Spark starts: saying so costs no JVM
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     if not args.local and _sql_via_server(lake_dir, args):
         return 0
+    from cdc_platform.views import register_lake  # here: a query the server answers never loads the lake's readers
+
     spark = _spark(check_spark_master(args.master), announce=args.format == "table")
     names = register_lake(spark, lake_dir)
     try:
