@@ -27,6 +27,7 @@ from cdc_platform import transactions as T
 from cdc_platform.config import TableConfig, mask_salt
 from cdc_platform.errors import LakeError
 from cdc_platform.stage import DEAD_LETTER, MARKERS, RAW
+from cdc_platform.unavailable import placeholder_forms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -402,9 +403,14 @@ def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], 
     whole or not at all, and one that expired incomplete is never shown. Latest per key by position;
     deletes hide the row. Shaped like `<name>__clean_view` (same masking, same metadata columns), so a
     reader can swap one for the other.
+
+    The raw log keeps events as sent, Debezium's unavailable-value placeholder included (an update that
+    left a TOAST value unchanged). A text column holding it takes the event's `before` image when that
+    has the value (REPLICA IDENTITY FULL), else the key's newest earlier visible value, as the latest-state
+    stage does (`unavailable`); a delete forgets the values, and a value known nowhere is NULL.
     """
     q = lake.quote_identifier
-    struct = ", ".join(f"{q(name)}: {kind}" for name, kind in columns)
+    struct = sql_string("STRUCT<" + ", ".join(f"{q(name)}: {kind}" for name, kind in columns) + ">")
     masked = {m.lower() for m in table.mask}
     outer: list[str] = []
     for name, _ in columns:
@@ -415,15 +421,28 @@ def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], 
         else:
             outer.append(q(name))
     outer += [q(m) for m in VIEW_META]
-    inner = ", ".join(f"_row.{q(name)} AS {q(name)}" for name, _ in columns)
+    scalars, shaped = placeholder_forms()
+    forms = ", ".join(sql_string(f) for f in sorted(scalars | shaped))
+    earlier = ("PARTITION BY r.key ORDER BY r.position, r.tx_total_order NULLS FIRST, r.ingested_at, r.kafka_offset NULLS FIRST, r.event_id "
+               "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW")
+    values = []
+    for name, kind in columns:
+        col, old = f"_row.{q(name)}", f"_before.{q(name)}"
+        if kind != "STRING" or name in table.key:
+            values.append(f"{col} AS {q(name)}")
+            continue
+        known = (f"CASE WHEN _row IS NULL THEN named_struct('v', CAST(NULL AS STRING)) "
+                 f"WHEN {col} IS NULL OR {col} NOT IN ({forms}) THEN named_struct('v', {col}) "
+                 f"WHEN {old} IS NOT NULL AND {old} NOT IN ({forms}) THEN named_struct('v', {old}) END")
+        values.append(f"last_value({known}, true) OVER ({earlier}).v AS {q(name)}")
     return f"""
 SELECT {', '.join(outer)} FROM (
-  SELECT {inner}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
-    SELECT from_json(r.after, {sql_string('STRUCT<' + struct + '>')}) AS _row, r.op AS `_op`,
+  SELECT {_cols([name for name, _ in columns])}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
+    SELECT {', '.join(values)}, r.op AS `_op`,
            r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
            row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.ingested_at DESC, r.kafka_offset DESC NULLS LAST, r.event_id DESC) AS `__rank`
-    FROM {q(RAW)} r
+    FROM (SELECT *, from_json(after, {struct}) AS _row, from_json(before, {struct}) AS _before FROM {q(RAW)}) r
     JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
     LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t
       ON r.transaction_id = t.transaction_id
