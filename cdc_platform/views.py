@@ -115,10 +115,6 @@ def _cols(names: Sequence[str], alias: str | None = None) -> str:
     return ", ".join(prefix + q(n) for n in names)
 
 
-def _keys_equal(key: Sequence[str], left: str, right: str) -> str:
-    return " AND ".join(f"{left}.{q(k)} = {right}.{q(k)}" for k in key)
-
-
 def _keys_present(key: Sequence[str], alias: str | None = None, *, present: bool = True) -> str:
     prefix = f"{alias}." if alias else ""
     test = "IS NOT NULL" if present else "IS NULL"
@@ -423,8 +419,10 @@ def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], 
     outer += [q(m) for m in VIEW_META]
     scalars, shaped = placeholder_forms()
     forms = ", ".join(sql_string(f) for f in sorted(scalars | shaped))
-    earlier = ("PARTITION BY r.key ORDER BY r.position, r.tx_total_order NULLS FIRST, r.ingested_at, r.kafka_offset NULLS FIRST, r.event_id "
-               "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW")
+    # Arrival order of a key's events, oldest first (Spark sorts nulls first ascending, last descending).
+    order = ("r.position", "r.tx_total_order", "r.ingested_at", "r.kafka_offset", "r.event_id")
+    earlier = f"PARTITION BY r.key ORDER BY {', '.join(order)} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
+    newest_first = f"PARTITION BY r.key ORDER BY {', '.join(c + ' DESC' for c in order)}"
     values = []
     for name, kind in columns:
         col, old = f"_row.{q(name)}", f"_before.{q(name)}"
@@ -441,7 +439,7 @@ SELECT {', '.join(outer)} FROM (
     SELECT {', '.join(values)}, r.op AS `_op`,
            r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
-           row_number() OVER (PARTITION BY r.key ORDER BY r.position DESC, r.tx_total_order DESC NULLS LAST, r.ingested_at DESC, r.kafka_offset DESC NULLS LAST, r.event_id DESC) AS `__rank`
+           row_number() OVER ({newest_first}) AS `__rank`
     FROM (SELECT *, from_json(after, {struct}) AS _row, from_json(before, {struct}) AS _before FROM {q(RAW)}) r
     JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
     LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t
