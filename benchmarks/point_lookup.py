@@ -27,7 +27,7 @@ from _common import OUT, REPO, banner, fresh_dir, load_average, say
 
 from cdc_platform import serve
 from cdc_platform.generate import generate_workload
-from cdc_platform.processes import die_with_parent, free_ports, log_tail, stop_group
+from cdc_platform.processes import die_with_parent, free_ports, stop_group
 
 CDC = Path(sys.executable).parent / "cdc"
 
@@ -62,11 +62,11 @@ def main() -> int:
                                 preexec_fn=die_with_parent())
     try:
         t0 = time.monotonic()
-        while (info := serve.read_state(lake_dir)) is None:
-            if proc.poll() is not None or time.monotonic() - t0 > 300:
-                say(f"cdc serve did not start: {log_tail(log, 5)}")
-                return 1
-            time.sleep(0.5)
+        try:
+            info = serve.wait_for_state(lake_dir, proc.poll, log, 300)
+        except serve.ServerUnavailable as exc:
+            say(str(exc))
+            return 1
         say(f"cdc serve ready in {time.monotonic() - t0:.1f} s  [{load_average()}]")
         _, rows, session = serve.remote_query(info, "SELECT id FROM customers__stored ORDER BY id LIMIT 1")
         key = rows[0][0]

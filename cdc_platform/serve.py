@@ -36,7 +36,7 @@ from typing import Any
 from cdc_platform import lake
 from cdc_platform.catalog import lake_fingerprint, register_catalog
 from cdc_platform.errors import ServeError
-from cdc_platform.processes import HOST, pid_alive, port_open
+from cdc_platform.processes import HOST, log_tail, pid_alive, port_open
 
 STATE_FILE = "_serve.json"
 #: The server's own files (warehouse folder, Hive scratch space), in the lake's private area.
@@ -83,6 +83,18 @@ def read_state(lake_dir: Path) -> ServerInfo | None:
         return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__})
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def wait_for_state(lake_dir: Path, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
+    """The state a `cdc serve` started in another process writes once it is ready (for scripts, tests and
+    benchmarks that start one). `exited` is the process's `poll`; ServerUnavailable, with the tail of its
+    `log`, when it exits or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while (info := read_state(lake_dir)) is None:
+        if exited() is not None or time.monotonic() > deadline:
+            raise ServerUnavailable(f"cdc serve did not start (exit {exited()}): {log_tail(log, 5)}")
+        time.sleep(0.5)
+    return info
 
 
 def find_server(lake_dir: Path) -> tuple[ServerInfo | None, str | None]:

@@ -24,7 +24,7 @@ from cdc_platform import serve
 from cdc_platform.cli import main
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
-from cdc_platform.processes import HOST, die_with_parent, free_ports, log_tail, stop_group
+from cdc_platform.processes import HOST, die_with_parent, free_ports, stop_group
 from cdc_platform.serve import STATE_FILE, Server, ServerInfo, ServerUnavailable
 from tests.cdc_platform.test_latest_state import ev
 
@@ -72,11 +72,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[tup
         )
     lake_dir = root / "lake"
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while (info := serve.read_state(lake_dir)) is None:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"cdc serve did not start (exit {proc.poll()}): {log_tail(log, 5)}")
-            time.sleep(0.5)
+        try:
+            info = serve.wait_for_state(lake_dir, proc.poll, log, START_TIMEOUT)
+        except ServerUnavailable as exc:
+            pytest.fail(str(exc))
         yield root, info
     finally:
         stop_group(proc.pid, reap=proc.poll)
@@ -307,3 +306,12 @@ def test_catalog_schema_in_the_config(tmp_path: Path) -> None:
         (tmp_path / "cdc.yaml").write_text(f"landing: l\nlake: k\ncatalog: {bad}\n", encoding="utf-8")
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
             load_config(tmp_path / "cdc.yaml")
+
+
+def test_waiting_for_a_server_that_exits_says_why(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    log.write_text("starting\nerror: port 15002 is taken\n", encoding="utf-8")
+    with pytest.raises(ServerUnavailable, match=r"did not start \(exit 2\): .*port 15002 is taken"):
+        serve.wait_for_state(tmp_path, lambda: 2, log, timeout=30)
+    with pytest.raises(ServerUnavailable, match=r"did not start \(exit None\)"):
+        serve.wait_for_state(tmp_path, lambda: None, log, timeout=0)
