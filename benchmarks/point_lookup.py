@@ -6,6 +6,7 @@ Builds the demo's sample lake (`cdc run` on 500 generated transactions, 677 chan
 * over Spark Connect, from a client session already connected (a notebook, a BI tool's open
   connection): `SELECT 1`, a lookup by key on `customers__stored` (the storage, no fold), on
   `customers__full_view` and on `customers__clean_view`;
+* the same over the JDBC/ODBC (HiveServer2) endpoint, a new connection per query, as `cdc sql` makes;
 * `cdc sql "<lookup>"` as a command, end to end: the Python process, finding the server, the query.
 
 Medians and extremes of `--repeats` runs are printed with the load average; nothing is asserted.
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from _common import OUT, REPO, banner, fresh_dir, load_average, say
 
-from cdc_platform import serve
+from cdc_platform import sql_client
 from cdc_platform.generate import generate_workload
 from cdc_platform.processes import die_with_parent, free_ports, stop_group
 
@@ -63,12 +64,12 @@ def main() -> int:
     try:
         t0 = time.monotonic()
         try:
-            info = serve.wait_for_state(lake_dir, proc.poll, log, 300)
-        except serve.ServerUnavailable as exc:
+            info = sql_client.wait_for_state(lake_dir, proc.poll, log, 300)
+        except sql_client.ServerUnavailable as exc:
             say(str(exc))
             return 1
         say(f"cdc serve ready in {time.monotonic() - t0:.1f} s  [{load_average()}]")
-        _, rows, session = serve.remote_query(info, "SELECT id FROM customers__stored ORDER BY id LIMIT 1")
+        _, rows, session = sql_client.connect_query(info, "SELECT id FROM customers__stored ORDER BY id LIMIT 1")
         key = rows[0][0]
         lookups = {
             "SELECT 1": "SELECT 1",
@@ -79,6 +80,9 @@ def main() -> int:
         say(f"Spark Connect, connected client ({args.repeats} runs each):")
         for label, query in lookups.items():
             timed(label, lambda q=query: session.sql(q).collect(), args.repeats)
+        say(f"JDBC/ODBC (HiveServer2) endpoint, a new connection per query, as `cdc sql` ({args.repeats} runs each):")
+        for label, query in lookups.items():
+            timed(label, lambda q=query: sql_client.remote_query(info, q), args.repeats)
         say(f"`cdc sql` end to end ({args.repeats} runs):")
         lookup = lookups["customers__full_view by id"]
         timed("cdc sql <full_view by id>", lambda: subprocess.run(

@@ -113,12 +113,12 @@ def _jsonable(value: Any) -> Any:
         return str(value)
     if isinstance(value, (bytes, bytearray)):
         return value.hex()
+    if hasattr(value, "asDict"):  # a struct: pyspark's Row is a tuple, so this goes before the tuple case
+        return _jsonable(value.asDict(recursive=True))
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if hasattr(value, "asDict"):
-        return _jsonable(value.asDict(recursive=True))
     return value
 
 
@@ -173,33 +173,25 @@ def _sql_via_server(lake_dir: Path, args: argparse.Namespace) -> bool:
     """Run `cdc sql` on the lake's running `cdc serve` (no Spark start, no registering); False: run locally.
 
     A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
-    of the Spark Connect client is not an error: the query runs in a local session instead, and says why.
+    of its client library is not an error: the query runs in a local session instead, and says why.
     """
-    from cdc_platform.serve import ServerUnavailable, find_server, remote_query
+    from cdc_platform.sql_client import ServerUnavailable, find_server, remote_query, table_names
 
     info, why_not = find_server(lake_dir)
     if info is None:
         if why_not:
             _say(f"{why_not}; running the query in a local Spark session")
         return False
-    quiet_pyspark_error_logs()
     try:
-        columns, rows, _ = remote_query(info, args.query)
+        columns, rows = remote_query(info, args.query)
     except ServerUnavailable as exc:
         _say(f"{exc}; running the query in a local Spark session")
         return False
-    except Exception as exc:
-        if not spark_errors.is_spark_error(exc):
-            raise
-        try:
-            from pyspark.sql import SparkSession
-
-            names = [t.name for t in SparkSession.builder.remote(info.connect_url).getOrCreate().catalog.listTables(info.schema)]
-        except Exception:  # the names only sharpen the message
-            names = []
+    except spark_errors.ServerSideError as exc:
+        names = table_names(info) if spark_errors.condition(exc) == "TABLE_OR_VIEW_NOT_FOUND" else []
         raise QueryError(spark_errors.describe(exc, names)) from exc
     if args.format == "table":
-        _say(f"answered by cdc serve (pid {info.pid}) at {info.connect_url}, schema {info.schema}")
+        _say(f"answered by cdc serve (pid {info.pid}) at {info.jdbc_url}")
     print(format_rows(columns, rows, args.format))
     return True
 

@@ -8,37 +8,36 @@ the views in step with schema changes while racing each other. Here one process 
 schemas change (`catalog.lake_fingerprint`, polled), and others reach it through the two endpoints
 pyspark ships:
 
-* Spark Connect (gRPC), for notebooks and `cdc sql`: `SparkSession.builder.remote("sc://host:port")`;
-* the Spark Thrift server (HiveServer2 protocol), for JDBC/ODBC clients: `jdbc:hive2://host:port/<schema>`.
+* Spark Connect (gRPC), for notebooks: `SparkSession.builder.remote("sc://host:port")`;
+* the Spark Thrift server (HiveServer2 protocol), for JDBC/ODBC clients and `cdc sql`: `jdbc:hive2://host:port/<schema>`.
 
 The catalog lives as long as the server: the lake (its Delta logs and `_cdc_registry.json`) is the
 persistent record, and each start registers it again from there. Both endpoints listen on loopback only;
 there is no authentication, so do not forward the ports to a network you do not trust.
 
 The server writes `<lake>/_serve.json` (pid, schema, ports) once both endpoints answer, and removes it
-when it stops; `cdc sql` reads it to find the server, and falls back to a local session when the file
+when it stops; `cdc sql` reads it (`sql_client`) to find the server, and falls back to a local session when the file
 is missing or names a server that is gone.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from cdc_platform import lake
 from cdc_platform.catalog import lake_fingerprint, register_catalog
 from cdc_platform.errors import ServeError
-from cdc_platform.processes import HOST, log_tail, pid_alive, port_open
+from cdc_platform.processes import HOST, port_open
+from cdc_platform.sql_client import ServerInfo, find_server, read_state, state_path
 
-STATE_FILE = "_serve.json"
 #: The server's own files (warehouse folder, Hive scratch space), in the lake's private area.
 WORK_DIR = "_serve"
 #: Spark Connect's and HiveServer2's usual ports, so clients' defaults work.
@@ -49,64 +48,6 @@ DEFAULT_POLL_INTERVAL = 5.0
 #: How long to wait for both endpoints to accept connections after Spark started.
 READY_TIMEOUT = 120.0
 _THRIFT = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What `<lake>/_serve.json` says about the server: enough for a client to reach it."""
-
-    pid: int
-    lake: str
-    schema: str
-    host: str
-    connect_port: int
-    jdbc_port: int
-    started_at: str
-
-    @property
-    def connect_url(self) -> str:
-        return f"sc://{self.host}:{self.connect_port}"
-
-    @property
-    def jdbc_url(self) -> str:
-        return f"jdbc:hive2://{self.host}:{self.jdbc_port}/{self.schema}"
-
-
-def state_path(lake_dir: Path) -> Path:
-    return lake_dir / STATE_FILE
-
-
-def read_state(lake_dir: Path) -> ServerInfo | None:
-    """The state file's server, or None when there is none or it is unreadable (a client then runs locally)."""
-    try:
-        doc = json.loads(state_path(lake_dir).read_text(encoding="utf-8"))
-        return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__})
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def wait_for_state(lake_dir: Path, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
-    """The state a `cdc serve` started in another process writes once it is ready (for scripts, tests and
-    benchmarks that start one). `exited` is the process's `poll`; ServerUnavailable, with the tail of its
-    `log`, when it exits or `timeout` seconds pass first."""
-    deadline = time.monotonic() + timeout
-    while (info := read_state(lake_dir)) is None:
-        if exited() is not None or time.monotonic() > deadline:
-            raise ServerUnavailable(f"cdc serve did not start (exit {exited()}): {log_tail(log, 5)}")
-        time.sleep(0.5)
-    return info
-
-
-def find_server(lake_dir: Path) -> tuple[ServerInfo | None, str | None]:
-    """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started)."""
-    info = read_state(lake_dir)
-    if info is None:
-        return None, None
-    if not pid_alive(info.pid):
-        return None, f"{state_path(lake_dir)} names a server (pid {info.pid}) that is no longer running"
-    if not port_open(info.connect_port, info.host):
-        return None, f"the server of {state_path(lake_dir)} (pid {info.pid}) does not answer on {info.connect_url}"
-    return info, None
 
 
 def port_free(port: int, host: str = HOST) -> bool:
@@ -266,41 +207,3 @@ class Server:
             except Exception:  # noqa: BLE001 - see above
                 pass
             self.spark = None
-
-
-# --- The client side: `cdc sql` through a running server ------------------------------------------
-
-class ServerUnavailable(Exception):
-    """The server could not be used (gone, or no Spark Connect client installed): the caller runs locally."""
-
-
-def remote_query(info: ServerInfo, query: str) -> tuple[list[str], list[tuple[Any, ...]], Any]:
-    """(columns, rows, session) of `query` run by the server, with the lake's schema as the current one.
-
-    Raises ServerUnavailable when the client libraries are missing or the server does not answer, and
-    Spark's own error (for `spark_errors`) when the query itself fails.
-    """
-    try:
-        from pyspark.sql import SparkSession
-        from pyspark.sql.connect.utils import check_dependencies
-
-        check_dependencies("pyspark.sql.connect.session")
-    except ImportError as exc:
-        raise ServerUnavailable(f"the Spark Connect client is not installed ({exc}); `pip install 'cdc-platform[connect]'` to use the server") from exc
-    try:
-        spark = SparkSession.builder.remote(info.connect_url).getOrCreate()
-        spark.sql(f"USE {lake.quote_identifier(info.schema)}")
-    except Exception as exc:
-        if not _unavailable(exc):
-            raise
-        raise ServerUnavailable(f"the server at {info.connect_url} does not answer ({type(exc).__name__})") from exc
-    df = spark.sql(query)
-    rows = [tuple(r) for r in df.collect()]
-    return list(df.columns), rows, spark
-
-
-def _unavailable(exc: BaseException) -> bool:
-    text = str(exc)
-    return type(exc).__name__ in ("SparkConnectGrpcException", "RpcError", "_InactiveRpcError") and (
-        "UNAVAILABLE" in text or "failed to connect" in text.lower() or "Connection refused" in text
-    )

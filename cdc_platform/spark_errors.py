@@ -51,9 +51,42 @@ def _message(exc: BaseException) -> str:
 
 
 def is_spark_error(exc: BaseException) -> bool:
-    """A pyspark error (analysis, parse, runtime) or a raw Py4J error from the JVM."""
+    """A pyspark error (analysis, parse, runtime), a raw Py4J error from the JVM, or a server's answer."""
     module = type(exc).__module__
-    return module.startswith("pyspark.errors") or type(exc).__name__ == "Py4JJavaError"
+    return module.startswith("pyspark.errors") or type(exc).__name__ == "Py4JJavaError" or isinstance(exc, ServerSideError)
+
+
+_SERVER_ERROR = re.compile(r"Error running query: (?:\[[A-Z0-9_.]+\] )?(?:[\w.$]+(?:Exception|Error): ?\s*)?(?P<message>.*)", re.DOTALL)
+#: Where a server's text names what an error class's parameters name (Spark's message templates).
+_PARAMETERS = {
+    "UNRESOLVED_COLUMN": re.compile(r"with name (?P<objectName>`.*?`) cannot be resolved\.(?: Did you mean one of the following\? (?P<proposal>\[.*?\]))?"),
+    "TABLE_OR_VIEW_NOT_FOUND": re.compile(r"The table or view (?P<relationName>`.*?`) cannot be found"),
+    "UNRESOLVED_ROUTINE": re.compile(r"Cannot resolve routine (?P<routineName>`.*?`)"),
+    "PARSE_SYNTAX_ERROR": re.compile(r"Syntax error at or near (?P<error>'.*?'|end of input)(?P<hint>[^.]*)\."),
+}
+
+
+class ServerSideError(Exception):
+    """A query that failed on `cdc serve`, as its HiveServer2 endpoint reports it: Spark's error class and
+    message parameters recovered from the text, so `describe` phrases it as it does a local error."""
+
+    def __init__(self, text: str) -> None:
+        found = _SERVER_ERROR.search(text)
+        message = found.group("message") if found else text
+        super().__init__(message)
+        self._stackTrace = text  # the server's whole answer, for --verbose
+        head = _CLASS_PREFIX.match(message)
+        self._condition = head.group(0).strip(" []") if head else None
+        self._parameters: dict[str, str] = {}
+        pattern = _PARAMETERS.get((self._condition or "").split(".")[0])
+        if pattern is not None and (hit := pattern.search(first_line(message))):
+            self._parameters = {k: v for k, v in hit.groupdict().items() if v is not None}
+
+    def getCondition(self) -> str | None:  # noqa: N802 - the name pyspark's errors answer to
+        return self._condition
+
+    def getMessageParameters(self) -> dict[str, str]:  # noqa: N802 - likewise
+        return dict(self._parameters)
 
 
 def describe(exc: BaseException, known_names: Sequence[str] = ()) -> str:

@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_platform import serve
+from cdc_platform import sql_client
 from cdc_platform.cli import main
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
 from cdc_platform.processes import HOST, die_with_parent, free_ports, stop_group
-from cdc_platform.serve import STATE_FILE, Server, ServerInfo, ServerUnavailable
+from cdc_platform.serve import Server
+from cdc_platform.sql_client import STATE_FILE, ServerInfo, ServerUnavailable
 from tests.cdc_platform.test_latest_state import ev
 
 BIN = Path(sys.executable).parent
@@ -73,7 +74,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[tup
     lake_dir = root / "lake"
     try:
         try:
-            info = serve.wait_for_state(lake_dir, proc.poll, log, START_TIMEOUT)
+            info = sql_client.wait_for_state(lake_dir, proc.poll, log, START_TIMEOUT)
         except ServerUnavailable as exc:
             pytest.fail(str(exc))
         yield root, info
@@ -152,6 +153,7 @@ def timed_cdc_sql(*argv: str) -> tuple[float, subprocess.CompletedProcess[str]]:
 
 
 def test_cdc_sql_uses_the_server(served: tuple[Path, ServerInfo]) -> None:
+    """Through the server, as a user's shell runs it; the local path's answers are compared in the next test."""
     root, info = served
     lookup = "SELECT id, name FROM people__full_view WHERE id = 1"
     timings = []
@@ -161,17 +163,35 @@ def test_cdc_sql_uses_the_server(served: tuple[Path, ServerInfo]) -> None:
         assert f"answered by cdc serve (pid {info.pid})" in done.stderr and "starting Spark" not in done.stderr
         assert "bobby" in done.stdout
         timings.append(seconds)
-    seconds_local, local = timed_cdc_sql("--lake", str(root / "lake"), "--local", "--format", "json", lookup)
-    assert local.returncode == 0, local.stderr
-    assert json.loads(local.stdout) == [{"id": 1, "name": "bobby"}]
-    print(f"\npoint lookup on a full view, cdc sql end to end: via cdc serve {', '.join(f'{t:.2f}' for t in timings)} s; "
-          f"local session (--local) {seconds_local:.2f} s")
+    print(f"\npoint lookup on a full view, cdc sql end to end via cdc serve: {', '.join(f'{t:.2f}' for t in timings)} s")
     # Qualified names work through the server; errors stay one line and exit 2.
     _, qualified = timed_cdc_sql("--lake", str(root / "lake"), "--format", "json", f"SELECT count(*) AS n FROM {SCHEMA}.people__full_view")
     assert json.loads(qualified.stdout) == [{"n": 2}]
-    _, wrong = timed_cdc_sql("--lake", str(root / "lake"), "SELECT nosuch FROM people__full_view")
-    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith("error: unknown column `nosuch`")
-    assert len([line for line in wrong.stderr.splitlines() if line.strip()]) == 1, wrong.stderr
+    for query, expected in [("SELECT nosuch FROM people__full_view", "error: unknown column `nosuch`; the columns nearest by name are"),
+                            ("SELECT * FROM peple__full_view", "error: unknown table or view `peple__full_view`: did you mean `people__full_view`"),
+                            ("SELEC 1", "error: syntax error in the query at or near 'SELEC'"),
+                            ("SELECT 1/0", "error: Division by zero.")]:
+        _, wrong = timed_cdc_sql("--lake", str(root / "lake"), query)
+        assert wrong.returncode == 2 and wrong.stderr.strip().startswith(expected), wrong.stderr
+        assert len([line for line in wrong.stderr.splitlines() if line.strip()]) == 1, wrong.stderr
+
+
+def test_cdc_sql_answers_alike_through_the_server_and_locally(served: tuple[Path, ServerInfo], capsys: pytest.CaptureFixture[str]) -> None:
+    """The server's JDBC endpoint hands nested values over as text; `cdc sql` gives back the same values
+    as a local session, in every output format. (In this process: the local runs share the suite's Spark.)"""
+    root, _ = served
+    query = ("SELECT id, name, named_struct('a', id, 'b', name) AS s, array(id, 2) AS a, map('k', name) AS m, "
+             "CAST(1.50 AS DECIMAL(10, 2)) AS d, DATE'2024-01-02' AS dt, TIMESTAMP'2024-01-02 03:04:05.5' AS ts, "
+             "X'CAFE' AS bin, true AS b, CAST(NULL AS STRING) AS n FROM people__full_view ORDER BY id")
+    lake_dir = str(root / "lake")
+    for fmt in ("json", "csv", "table"):
+        assert main(["sql", "--lake", lake_dir, "--format", fmt, query]) == 0
+        remote, remote_err = capsys.readouterr()
+        assert "local Spark session" not in remote_err, remote_err
+        assert fmt != "table" or "answered by cdc serve" in remote_err, remote_err  # only the table format says who answered
+        assert main(["sql", "--lake", lake_dir, "--local", "--format", fmt, query]) == 0
+        local, _ = capsys.readouterr()
+        assert remote == local, f"{fmt}:\n{remote}\n!=\n{local}"
 
 
 def test_the_catalog_follows_new_columns_and_new_tables(served: tuple[Path, ServerInfo], spark: Any) -> None:
@@ -241,26 +261,62 @@ def test_cdc_sql_falls_back_when_the_state_file_names_no_live_server(small_lake:
         assert expected in err and "running the query in a local Spark session" in err
 
 
-def test_cdc_sql_falls_back_without_the_connect_client(small_lake: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def listener(small_lake: Path) -> Iterator[socket.socket]:
+    """A live pid and an open JDBC port in the lake's state file, where nothing speaks HiveServer2: every
+    connection is accepted and closed at once."""
+    server = socket.create_server((HOST, 0))
+    port = server.getsockname()[1]
+    write_state(small_lake, os.getpid(), port - 1)  # write_state puts the JDBC port one above the Connect port
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.close()
+
+    import threading
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_cdc_sql_falls_back_without_the_hiveserver2_client(small_lake: Path, listener: socket.socket, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "impala.dbapi", None)  # `import impala.dbapi` now raises ImportError
+    info, _ = sql_client.find_server(small_lake)
+    assert info is not None
+    with pytest.raises(ServerUnavailable, match=r"pip install impyla"):
+        sql_client.remote_query(info, "SELECT 1")
+    assert main(["sql", "--lake", str(small_lake), "SELECT count(*) AS n FROM people__full_view"]) == 0
+    out, err = capsys.readouterr()
+    assert "| 3 " in out and "HiveServer2 client is not installed" in err and "local Spark session" in err
+
+
+def test_cdc_sql_falls_back_when_the_port_speaks_no_hiveserver2(small_lake: Path, listener: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.monotonic()
+    assert main(["sql", "--lake", str(small_lake), "SELECT count(*) AS n FROM people__full_view"]) == 0
+    out, err = capsys.readouterr()
+    assert "| 3 " in out and "does not answer" in err and "local Spark session" in err
+    assert time.monotonic() - t0 < sql_client.REQUEST_TIMEOUT  # refused at once, not after a time-out
+
+
+def test_the_spark_connect_client_missing_is_unavailable(small_lake: Path, listener: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyspark.sql.connect.utils as connect_utils
 
-    listener = socket.create_server((HOST, 0))
-    try:
-        write_state(small_lake, os.getpid(), listener.getsockname()[1])
+    def missing(_: str) -> None:
+        raise ImportError("No module named 'grpc_status'")
 
-        def missing(_: str) -> None:
-            raise ImportError("No module named 'grpc_status'")
-
-        monkeypatch.setattr(connect_utils, "check_dependencies", missing)
-        info, _ = serve.find_server(small_lake)
-        assert info is not None
-        with pytest.raises(ServerUnavailable, match=r"pip install 'cdc-platform\[connect\]'"):
-            serve.remote_query(info, "SELECT 1")
-        assert main(["sql", "--lake", str(small_lake), "SELECT count(*) AS n FROM people__full_view"]) == 0
-        out, err = capsys.readouterr()
-        assert "| 3 " in out and "Spark Connect client is not installed" in err and "local Spark session" in err
-    finally:
-        listener.close()
+    monkeypatch.setattr(connect_utils, "check_dependencies", missing)
+    info, _ = sql_client.find_server(small_lake)
+    assert info is not None
+    with pytest.raises(ServerUnavailable, match=r"pip install 'cdc-platform\[connect\]'"):
+        sql_client.connect_query(info, "SELECT 1")
 
 
 def test_serve_refuses_a_port_in_use_in_one_line(small_lake: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,8 +329,8 @@ def test_serve_refuses_a_port_in_use_in_one_line(small_lake: Path, capsys: pytes
         assert err == [f"error: port {taken} on {HOST} is in use (another `cdc serve`, or another program): stop it or pass another --jdbc-port"]
         assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(free)]) == 2
         assert "the ports must differ" in capsys.readouterr().err
-        # A live server for the lake (its pid alive, its Connect port answering) is named rather than fought.
-        write_state(small_lake, os.getpid(), taken)
+        # A live server for the lake (its pid alive, its JDBC port answering) is named rather than fought.
+        write_state(small_lake, os.getpid(), taken - 1)  # write_state puts the JDBC port one above the Connect port
         assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(free + 1)]) == 2
         assert f"a server (pid {os.getpid()}) already serves this lake" in capsys.readouterr().err
     finally:
@@ -312,6 +368,6 @@ def test_waiting_for_a_server_that_exits_says_why(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     log.write_text("starting\nerror: port 15002 is taken\n", encoding="utf-8")
     with pytest.raises(ServerUnavailable, match=r"did not start \(exit 2\): .*port 15002 is taken"):
-        serve.wait_for_state(tmp_path, lambda: 2, log, timeout=30)
+        sql_client.wait_for_state(tmp_path, lambda: 2, log, timeout=30)
     with pytest.raises(ServerUnavailable, match=r"did not start \(exit None\)"):
-        serve.wait_for_state(tmp_path, lambda: None, log, timeout=0)
+        sql_client.wait_for_state(tmp_path, lambda: None, log, timeout=0)
