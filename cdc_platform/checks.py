@@ -167,7 +167,7 @@ def batches_since(lake_dir: Path, after: dt.datetime | None, limit: int = 100) -
     if not path.is_dir():
         return []
     columns = ["query_id", "batch_id", "started_at", "finished_at", "rows_read", "change_events", "markers", "dead_letters",
-               "duplicates_skipped", "lag_seconds"]
+               "duplicates_skipped", "lag_seconds", "newest_source_ts"]
     table = lake.open_table(path).to_pyarrow_table(columns=columns)
     if after is not None:
         table = table.filter(pc.greater(table.column("finished_at"), pa.scalar(after, table.schema.field("finished_at").type)))

@@ -16,7 +16,6 @@ from dagster import (
     AssetSpec,
     BackfillPolicy,
     Field,
-    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     StaticPartitionsDefinition,
@@ -52,10 +51,16 @@ LATEST_STATE_GROUP = "latest_state"
 VIEWS_GROUP = "views"
 
 
-def freshness_policy(config: PlatformConfig) -> FreshnessPolicy:
-    """Dagster's view of the SLO the freshness checks judge (`freshness_slo`), warning at half of it."""
-    slo = dt.timedelta(seconds=config.freshness_slo)
-    return FreshnessPolicy.time_window(fail_window=slo, warn_window=slo / 2)
+def source_time_column(config: PlatformConfig, name: str) -> str | None:
+    """The column that holds a table's source commit time, for the tables whose freshness is judged:
+    the raw log and each latest-state table (their materialisations carry `dagster/last_updated_timestamp`)."""
+    if name == "raw_change_events":
+        return "source_ts"
+    return "_source_ts" if name in {t.name for t in config.tables} else None
+
+
+def fresh_assets(config: PlatformConfig) -> list[AssetKey]:
+    return [AssetKey(n) for n in ["raw_change_events", *(t.name for t in config.tables)]]
 
 
 def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
@@ -68,7 +73,6 @@ def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
                 group_name=LATEST_STATE_GROUP,
                 deps=["raw_change_events"],
                 kinds={"delta", "spark"},
-                freshness_policy=freshness_policy(config),
                 metadata={"source_table": table.source, "key": ", ".join(table.key), "masked": ", ".join(table.mask) or "none"},
             )
         )
@@ -87,8 +91,7 @@ def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
 
 def ingest_specs(config: PlatformConfig) -> list[AssetSpec]:
     specs = [
-        AssetSpec(name, description=text, group_name=INGEST_GROUP, kinds={"delta", "spark"},
-                  freshness_policy=freshness_policy(config) if name == "raw_change_events" else None)
+        AssetSpec(name, description=text, group_name=INGEST_GROUP, kinds={"delta", "spark"})
         for name, text in INGEST_TABLES.items()
     ]
     specs += [
@@ -127,6 +130,8 @@ def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
                 meta["rows"] = live[name]
             if name == "dead_letter":
                 meta["newest_dead_letters"] = md.dead_letter_sample(cdc.lake)
+            if (column := source_time_column(cdc.config, name)) is not None:
+                meta |= md.newest_source_time(path, column)
             if name == "raw_change_events":
                 meta |= {"lines_read": report.total("rows_read"), "duplicates_skipped": report.total("duplicates_skipped"),
                          "dead_letters": report.total("dead_letters"), "seconds": round(report.seconds, 2)}

@@ -4,13 +4,28 @@ the one adapter."""
 
 from __future__ import annotations
 
+import datetime as dt
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, MetadataValue, asset_check
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetChecksDefinition,
+    DefaultSensorStatus,
+    MetadataValue,
+    SensorDefinition,
+    SupersessionWarning,
+    asset_check,
+    build_last_update_freshness_checks,
+    build_sensor_for_freshness_checks,
+)
 
 from cdc_platform import backfill, checks, quality
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import table_path
+from dagster_project.assets import fresh_assets
 from dagster_project.resources import CdcResource
 
 #: Check names that the hourly coverage-and-completeness schedule runs.
@@ -92,6 +107,31 @@ def new_dead_letters(cdc: CdcResource) -> AssetCheckResult:
 def completeness(cdc: CdcResource) -> AssetCheckResult:
     config = cdc.config
     return to_result(checks.completeness(cdc.spark(), cdc.lake, config.transaction_timeout, config.transaction_retention))
+
+
+def freshness_policy_checks(config: PlatformConfig) -> Sequence[AssetChecksDefinition]:
+    """The freshness SLO as Dagster's own freshness checks (`freshness_check` on the raw log and each
+    latest-state table), in place of a `FreshnessPolicy`.
+
+    A policy is judged only on when the asset was last materialised (its evaluator reads nothing else),
+    so a lake that a run wrote a minute ago but that trails its database by an hour would pass. Dagster's
+    freshness checks read `dagster/last_updated_timestamp` when a materialisation or an observation
+    carries it, and every one of these assets' events does, set to the newest source commit the table
+    holds (the ingest's materialisations, the `stream_batches` observations, `make demo`'s records). So
+    the policy and the `freshness` check judge the same time: source time against `freshness_slo`.
+    `freshness_policy` (a sensor, running by default) evaluates them between runs, as a policy would be.
+    """
+    with warnings.catch_warnings():  # Dagster calls these superseded by FreshnessPolicy, which cannot judge source time (above)
+        warnings.simplefilter("ignore", SupersessionWarning)
+        return build_last_update_freshness_checks(assets=fresh_assets(config), lower_bound_delta=dt.timedelta(seconds=config.freshness_slo),
+                                                  severity=AssetCheckSeverity.ERROR)
+
+
+def freshness_policy_sensor(policy: Sequence[AssetChecksDefinition]) -> SensorDefinition:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SupersessionWarning)
+        return build_sensor_for_freshness_checks(freshness_checks=policy, minimum_interval_seconds=60, name="freshness_policy",
+                                                 default_status=DefaultSensorStatus.RUNNING)
 
 
 def build_checks(config: PlatformConfig) -> list[AssetChecksDefinition]:

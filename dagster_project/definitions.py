@@ -29,7 +29,8 @@ from dagster import (
 from cdc_platform import checks
 from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
 from dagster_project.assets import build_backfill_asset, build_ingest_asset, build_view_assets, lake_maintenance
-from dagster_project.checks import build_checks, scheduled_checks
+from dagster_project.checks import build_checks, freshness_policy_checks, freshness_policy_sensor, scheduled_checks
+from dagster_project import metadata as md
 from dagster_project.resources import CdcResource
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +71,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
     ingest = build_ingest_asset(config)
     views = build_view_assets(config)
     asset_checks = build_checks(config)
+    policy = freshness_policy_checks(config)
     snapshot_load = build_backfill_asset(config)
 
     # One process per run (`in_process_executor`), so every step shares one Spark session: with
@@ -112,13 +114,14 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         if not batches:
             return SkipReason(f"no new micro-batches in {config.lake / 'pipeline_metrics'}")
         return SensorResult(
-            asset_events=[AssetObservation(asset_key=AssetKey("raw_change_events"), metadata=stream_batch_metadata(b)) for b in batches],
+            asset_events=[AssetObservation(asset_key=AssetKey("raw_change_events"), metadata=stream_batch_metadata(b) | md.source_time(b["newest_source_ts"]))
+                          for b in batches],
             cursor=batches[-1]["finished_at"].isoformat(),
         )
 
     return Definitions(
         assets=[ingest, *views, *([snapshot_load] if snapshot_load is not None else [])],
-        asset_checks=asset_checks,
+        asset_checks=[*asset_checks, *policy],
         jobs=[pipeline, check_job, lake_maintenance],
         schedules=[
             ScheduleDefinition(name="cdc_pipeline_every_5_minutes", job=pipeline, cron_schedule="*/5 * * * *",
@@ -127,6 +130,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
             ScheduleDefinition(name="maintenance_daily", job=lake_maintenance, cron_schedule="0 3 * * *", default_status=DefaultScheduleStatus.STOPPED),
         ],
         # A Kafka source has no landing folder to watch: `cdc stream` reads it, and stream_batches shows that.
-        sensors=[*([new_landing_files] if config.source.kafka is None else []), unconfigured_source_tables, stream_batches],
+        sensors=[*([new_landing_files] if config.source.kafka is None else []), unconfigured_source_tables, stream_batches,
+                 freshness_policy_sensor(policy)],
         resources={"cdc": CdcResource(config_path=str(path))},
     )

@@ -5,6 +5,7 @@ them to Dagster's metadata types, for the assets and for the demo's recorded mat
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from cdc_platform import checks, lake
 
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"
+#: Dagster's key for when the data itself last changed; its freshness checks read it in place of the
+#: event's own time. Here it is source time: the newest source commit the table holds.
+LAST_UPDATED = "dagster/last_updated_timestamp"
 SAMPLE_CELL_CHARS = 120
 
 
@@ -49,6 +53,24 @@ def table_metadata(path: Path, rows: int | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {COLUMN_SCHEMA: column_schema(delta_columns(path))}
     meta[ROW_COUNT] = int(rows if rows is not None else checks.table_stats(path).rows)
     return meta
+
+
+def source_time(newest: dt.datetime | None) -> dict[str, Any]:
+    """`dagster/last_updated_timestamp` set to the newest source commit a table holds (nothing when it holds none).
+
+    Dagster's freshness checks then judge how far the lake trails its source, not when a run last wrote
+    it: a stream that keeps committing while it falls behind the database is stale here too.
+    """
+    if newest is None:
+        return {}
+    if newest.tzinfo is None:  # the lake's timestamps are UTC
+        newest = newest.replace(tzinfo=dt.timezone.utc)
+    return {LAST_UPDATED: MetadataValue.timestamp(newest)}
+
+
+def newest_source_time(path: Path, column: str) -> dict[str, Any]:
+    """`source_time` of a lake table from its log statistics (`source_ts` in the raw log, `_source_ts` in latest state)."""
+    return source_time(checks.column_max(path, column)) if path.is_dir() else {}
 
 
 def sql_block(sql: str) -> MetadataValue:

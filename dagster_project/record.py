@@ -30,7 +30,7 @@ def record_lake(config_path: Path, home: Path) -> list[str]:
     from dagster import AssetMaterialization, DagsterInstance
 
     from dagster_project import metadata as md
-    from dagster_project.assets import ingest_specs
+    from dagster_project.assets import ingest_specs, source_time_column
 
     config = load_config(config_path)
     home.mkdir(parents=True, exist_ok=True)
@@ -51,6 +51,8 @@ def record_lake(config_path: Path, home: Path) -> list[str]:
                 meta["stored_rows"] = counts.get(f"{name}/stored", 0)
             if name == "dead_letter":
                 meta["newest_dead_letters"] = md.dead_letter_sample(config.lake)
+            if (column := source_time_column(config, name)) is not None:
+                meta |= md.newest_source_time(present[name], column)
             meta["recorded_by"] = "make demo (the lake as `cdc demo` left it)"
             instance.report_runless_asset_event(AssetMaterialization(asset_key=spec.key, metadata=meta))
             recorded.append(name)

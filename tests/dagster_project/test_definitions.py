@@ -84,6 +84,14 @@ def test_the_pipeline_runs_in_one_process_and_its_assets_carry_dagster_metadata(
     assert full["sql"].value.startswith("```sql") and "`customers`" in full["sql"].value
     sample = meta["dead_letter"]["newest_dead_letters"].value
     assert "| dead_lettered_at | stage | reason_code |" in sample and "| ingest |" in sample  # the sample's one malformed line
+    # Source time, not run time, is what Dagster's freshness checks read: the newest source commit landed.
+    from cdc_platform import checks
+    from cdc_platform.config import load_config
+
+    newest = checks.column_max(load_config(workload.config_path).lake / "raw_change_events", "source_ts").timestamp()
+    assert raw["dagster/last_updated_timestamp"].value == newest
+    assert 0 < meta["customers"]["dagster/last_updated_timestamp"].value <= newest
+    assert "dagster/last_updated_timestamp" not in meta["transactions"]
 
 
 def test_the_stream_sensor_reports_each_micro_batch_once(pipeline_run: Any) -> None:
@@ -99,7 +107,7 @@ def test_the_stream_sensor_reports_each_micro_batch_once(pipeline_run: Any) -> N
     assert isinstance(first, SensorResult) and len(first.asset_events) == batches >= 1
     observed = first.asset_events[-1]
     assert observed.asset_key.to_user_string() == "raw_change_events"
-    assert {"rows_read", "change_events", "rows_per_second", "batch_id", "query_id"} <= set(observed.metadata)
+    assert {"rows_read", "change_events", "rows_per_second", "batch_id", "query_id", "dagster/last_updated_timestamp"} <= set(observed.metadata)
     again = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
     assert isinstance(again, SkipReason)
 
@@ -117,6 +125,33 @@ def test_the_demo_records_what_landed_as_materialisations(pipeline_run: Any, tmp
         event = instance.get_latest_materialization_event(AssetKey("raw_change_events"))
         assert event is not None and event.asset_materialization is not None
         assert event.asset_materialization.metadata["dagster/row_count"].value == workload.change_events
+        assert "dagster/last_updated_timestamp" in event.asset_materialization.metadata
+
+
+def test_the_freshness_policy_judges_source_time_not_run_time(tmp_path: Path) -> None:
+    """Two tables materialised now, one holding a source commit older than the SLO: only that one fails."""
+    import datetime as dt
+
+    from dagster import AssetMaterialization, AssetSelection, AssetSpec, Definitions, define_asset_job
+
+    from cdc_platform.config import load_config
+    from dagster_project import metadata as md
+    from dagster_project.assets import fresh_assets
+    from dagster_project.checks import freshness_policy_checks
+
+    config = load_config(generate_workload(tmp_path / "w", transactions=5).config_path)
+    policy = freshness_policy_checks(config)
+    assert {k.to_user_string() for c in policy for k in c.check_keys} == {f"{n}:freshness_check" for n in ("raw_change_events", "customers", "charges", "refunds")}
+    now = dt.datetime.now(dt.timezone.utc)
+    instance = DagsterInstance.ephemeral()
+    ages = {"raw_change_events": 2 * config.freshness_slo, "customers": 5, "charges": 5, "refunds": 5}
+    for name, age in ages.items():
+        instance.report_runless_asset_event(AssetMaterialization(name, metadata=md.source_time(now - dt.timedelta(seconds=age))))
+    defs = Definitions(assets=[AssetSpec(k) for k in fresh_assets(config)], asset_checks=policy,
+                       jobs=[define_asset_job("policy", selection=AssetSelection.checks(*policy))])
+    result = defs.resolve_job_def("policy").execute_in_process(instance=instance, raise_on_error=False)
+    passed = {e.asset_key.to_user_string(): e.passed for e in result.get_asset_check_evaluations()}
+    assert passed == {"raw_change_events": False, "customers": True, "charges": True, "refunds": True}
 
 
 def test_markdown_samples_stay_one_line_per_row() -> None:
