@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,8 +277,6 @@ def listener(small_lake: Path) -> Iterator[socket.socket]:
             except OSError:
                 return
             conn.close()
-
-    import threading
 
     threading.Thread(target=refuse, daemon=True).start()
     try:
