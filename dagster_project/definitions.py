@@ -133,4 +133,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         sensors=[*([new_landing_files] if config.source.kafka is None else []), unconfigured_source_tables, stream_batches,
                  freshness_policy_sensor(policy)],
         resources={"cdc": CdcResource(config_path=str(path))},
+        # Every other run too (a backfill, maintenance, the freshness_policy sensor's check runs, a run
+        # launched from the UI's asset graph): one process, so at most one Spark and one import of the project.
+        executor=in_process_executor,
     )

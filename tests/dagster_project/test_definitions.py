@@ -71,6 +71,7 @@ def test_the_pipeline_runs_in_one_process_and_its_assets_carry_dagster_metadata(
     workload, defs, result, _ = pipeline_run
     assert defs.resolve_job_def(PIPELINE_JOB).executor_def.name == "in_process"  # one Spark for the whole run
     assert defs.resolve_job_def("coverage_and_completeness_checks").executor_def.name == "in_process"
+    assert defs.resolve_implicit_global_asset_job_def().executor_def.name == "in_process"  # runs launched from the asset graph or a sensor
     meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
     raw = meta["raw_change_events"]
     assert raw["dagster/row_count"].value == workload.change_events
