@@ -45,6 +45,8 @@ from cdc_platform.config import PlatformConfig, load_config  # noqa: E402
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch  # noqa: E402
 from cdc_platform.ingest import IngestJob, split_parsed  # noqa: E402
 from cdc_platform.stage import BatchContext, apply_stage  # noqa: E402
+from cdc_platform.transactions import aggregation as tx_aggregation  # noqa: E402
+from cdc_platform.transactions import stage as tx_stage  # noqa: E402
 
 OUT = REPO / "benchmarks" / "out"
 
@@ -96,7 +98,7 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
     files = files_in_stream_order(config.landing)
     per = config.max_files_per_trigger
     timings = {"aggregate": 0.0}
-    real_step = T.step  # what the stage calls each batch (aggregation on its held state)
+    real_step = tx_stage.step  # what the stage calls each batch (aggregation on its held state)
 
     def timed_step(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
@@ -105,15 +107,15 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
         finally:
             timings["aggregate"] += time.perf_counter() - t
 
-    T.step = timed_step  # type: ignore[assignment]
-    real_due = T._due
+    tx_stage.step = timed_step  # type: ignore[assignment]
+    real_due = tx_aggregation._due  # what the step calls to judge expiry
     if global_clock:  # the rejected design: one event time for all streams, the max timestamp seen
 
         def one_clock(plan: Any, progress: dict[str, int], *args: Any) -> Any:
             top = max(progress.values(), default=None)
             return real_due(plan, {s: top for s in progress} if top is not None else progress, *args)
 
-        T._due = one_clock  # type: ignore[assignment]
+        tx_aggregation._due = one_clock  # type: ignore[assignment]
     seconds = parse_seconds = 0.0
     events = markers = 0
     peak_state = peak_open = 0
@@ -140,8 +142,8 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
             peak_open = max(peak_open, int(f.get("open", 0)))
             rows.append({"batch": batch_id, "in": tx_events + batch.markers.num_rows, "seconds": took, **f})
     finally:
-        T.step = real_step  # type: ignore[assignment]
-        T._due = real_due  # type: ignore[assignment]
+        tx_stage.step = real_step  # type: ignore[assignment]
+        tx_aggregation._due = real_due  # type: ignore[assignment]
     return {
         "batches": rows, "seconds": seconds, "aggregate_seconds": timings["aggregate"], "parse_seconds": parse_seconds,
         "events": events, "markers": markers, "peak_state": peak_state, "peak_open": peak_open,

@@ -19,6 +19,7 @@ from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import parse_line, rows_to_batch
 from cdc_platform.ingest import IngestJob
 from cdc_platform.stage import BatchContext, StageFailure
+from cdc_platform.transactions import stage as tx_stage
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
 
 TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"], "mask": ["pos"]}}
@@ -214,22 +215,22 @@ def test_a_state_commit_that_is_not_recognisably_ours_is_not_held(make_config: C
 
 
 def test_vacuum_commits_keep_the_held_state_and_the_results_right(make_config: Callable[..., PlatformConfig], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(T, "MAINTENANCE_EVERY", 2)
-    monkeypatch.setattr(T, "MAINTENANCE_RETENTION_HOURS", 0)  # so vacuum removes files and commits
+    monkeypatch.setattr(tx_stage, "MAINTENANCE_EVERY", 2)
+    monkeypatch.setattr(tx_stage, "MAINTENANCE_RETENTION_HOURS", 0)  # so vacuum removes files and commits
     cfg = make_config(TABLES)
     stage = T.TransactionStage()
     job = IngestJob(cfg, stages=[stage])
     job.setup()
     state_path = lake.table_path(cfg.lake, T.OPEN_TRANSACTIONS)
     loads = 0
-    real_hold = T.hold
+    real_hold = tx_stage.hold  # the name the stage calls
 
     def counting_hold(state: pa.Table) -> T.Held:
         nonlocal loads
         loads += 1
         return real_hold(state)
 
-    monkeypatch.setattr(T, "hold", counting_hold)
+    monkeypatch.setattr(tx_stage, "hold", counting_hold)
     for b in range(4):
         job.process_parsed(parsed_table([begin(f"g:{b}", b), ev(f"g:{b}", "charges", 100 + 10 * b, b, row=b)]), 2 * b, "query-a")
         job.process_parsed(parsed_table([ev(f"g:{b}", "audits", 101 + 10 * b, b, row=b, order=2), end(f"g:{b}", b, COUNTS)]), 2 * b + 1, "query-a")

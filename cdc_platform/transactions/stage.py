@@ -1,0 +1,227 @@
+"""The pipeline stage around the pure step: Delta tables, exactly once, the held state, idle-time expiry.
+
+`TransactionStage` creates the tables, keeps the state in memory between batches (stamped with the
+state table's version), commits the outputs first and the state last, honours an idle expiry that
+died before its state commit (`mark_expired`), vacuums the tables it rewrites, and expires on idle
+time for `cdc stream`. All the package's I/O is here, so the other modules stay pure and testable
+without a lake.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_platform import lake
+from cdc_platform.config import PlatformConfig
+from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
+from cdc_platform.transactions.aggregation import Held, hold, step
+from cdc_platform.transactions.arrow_ops import _arr, _conform
+from cdc_platform.transactions.outcomes import _finished_rows
+from cdc_platform.transactions.schemas import (
+    EXPIRED,
+    INCOMPLETE,
+    LATE,
+    OPEN,
+    OPEN_TRANSACTIONS,
+    OPEN_TRANSACTIONS_SCHEMA,
+    PROCESSING_TIME,
+    TABLE_SCHEMAS,
+    TRANSACTIONS,
+    WATERMARK,
+    Settings,
+    Step,
+)
+
+#: Overwritten tables (state, watermark) get a new file per batch; vacuum them every this many commits.
+MAINTENANCE_EVERY = 100
+MAINTENANCE_RETENTION_HOURS = 1
+#: Commit metadata key whose random value tells the stage a state commit is its own (see `TransactionStage`).
+STATE_TOKEN = "cdc_state_commit"
+
+
+def mark_expired(state: pa.Table, transaction_ids: Sequence[str]) -> pa.Table:
+    """Turn open rows into `expired` finished records (recovery after an interrupted idle expiry)."""
+    state = _conform(state, OPEN_TRANSACTIONS_SCHEMA)
+    hit = pc.and_(pc.equal(state.column("entry"), OPEN), pc.is_in(state.column("transaction_id"), value_set=pa.array(list(transaction_ids), pa.string())))
+    rows = state.filter(hit)
+    if rows.num_rows == 0:
+        return state
+    return pa.concat_tables([state.filter(pc.invert(hit)), _finished_rows(rows, rows.column("expected_per_table"), EXPIRED, None)])
+
+
+#: What `TransactionStage.prepare` returns for a batch whose state is already committed.
+REPLAYED = "replayed"
+
+
+class TransactionStage:
+    """The pipeline stage: one aggregation step per micro-batch, plus idle-time expiry for `cdc stream`.
+
+    The state is held in memory between batches (`Held`), stamped with the version of the state
+    table it equals. Why: reading, splitting and re-judging the whole state each batch made a batch
+    cost as much as the open state. The stamp is only ever a version this stage read, or one it
+    committed itself and recognised by a token in the commit's metadata; any other version (another
+    process, a restart, a crash mid-batch, a commit that failed after landing) reloads the table.
+    """
+
+    name = "transactions"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a batch and an idle tick never interleave
+        self._cache: tuple[Path, int, Held] | None = None
+        self._recovered: set[Path] = set()
+
+    def setup(self, config: PlatformConfig) -> None:
+        for name, schema in TABLE_SCHEMAS.items():
+            lake.ensure_table(lake.table_path(config.lake, name), schema)
+
+    def _path(self, config: PlatformConfig, name: str) -> Path:
+        return lake.table_path(config.lake, name)
+
+    def _cached(self, path: Path, version: int) -> Held | None:
+        cached = self._cache
+        if cached is not None and cached[0] == path and cached[1] == version:
+            return cached[2]
+        return None
+
+    def _load(self, config: PlatformConfig, table: Any = None) -> Held:
+        """The committed state: held from the last batch when the table is still at that version, else read."""
+        path = self._path(config, OPEN_TRANSACTIONS)
+        table = table if table is not None else lake.open_table(path)
+        version = table.version()
+        held = self._cached(path, version)
+        if held is None:
+            state = _conform(table.to_pyarrow_table(), OPEN_TRANSACTIONS_SCHEMA)
+            if path not in self._recovered:
+                state = self._recover_idle_expiries(config, state)
+                self._recovered.add(path)
+            held = hold(state)
+            self._cache = (path, version, held)
+        return held
+
+    def _recover_idle_expiries(self, config: PlatformConfig, state: pa.Table) -> pa.Table:
+        """An idle expiry that wrote its rows but died before the state commit: honour the rows."""
+        open_ids = state.filter(pc.equal(state.column("entry"), OPEN)).column("transaction_id")
+        if len(open_ids) == 0:
+            return state
+        done = lake.scan(lake.open_table(self._path(config, INCOMPLETE)), ["transaction_id", "expired_by"],
+                         pc.field("expired_by") == PROCESSING_TIME)
+        orphans = pc.unique(_arr(done.column("transaction_id")).filter(pc.is_in(_arr(done.column("transaction_id")), value_set=_arr(open_ids))))
+        return mark_expired(state, orphans.to_pylist()) if len(orphans) else state
+
+    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> tuple[Step, Held] | str | None:
+        """One aggregation step against the committed state; `REPLAYED` or None when there is nothing to commit.
+
+        `step` builds new tables and leaves the held state as it was, so the job may call this again
+        on parts of the batch. A batch whose state is already committed is a replay: nothing to do.
+        """
+        config = ctx.config
+        with self._lock:
+            table = lake.open_table(self._path(config, OPEN_TRANSACTIONS))
+            if lake.already_committed(table, ctx.app_id(OPEN_TRANSACTIONS), ctx.batch_id):
+                return REPLAYED  # state is committed last: all done
+            if batch.events.num_rows == 0 and batch.markers.num_rows == 0:
+                return None
+            held = self._load(config, table)
+            return step(held, batch.events, batch.markers, Settings.from_config(config), batch_id=ctx.batch_id, now=batch.ingested_at)
+
+    def commit(self, prepared: tuple[Step, Held] | str | None, ctx: BatchContext) -> StageResult:
+        if prepared is None:
+            return StageResult()
+        if prepared == REPLAYED:
+            return StageResult(figures={"replayed_batches": 1.0})
+        result, after = prepared
+        with self._lock:
+            landed = self._commit(ctx.config, result, after, ctx)
+        return StageResult(rows_landed=landed, figures=result.figures)
+
+    def _commit(self, config: PlatformConfig, result: Step, after: Held, ctx: BatchContext | None) -> dict[str, int]:
+        """Outputs first, state last, so a crash in between replays against the old state."""
+        landed: dict[str, int] = {}
+        version = None if ctx is None else ctx.batch_id
+        for name, data in ((TRANSACTIONS, result.completed), (INCOMPLETE, result.incomplete), (LATE, result.late)):
+            path = self._path(config, name)
+            if ctx is None:
+                wrote = lake.append_once(path, data, None, None, cdc_stage=self.name, trigger="idle")  # no batch id to guard with
+            else:
+                wrote = lake.append_once(path, data, ctx.app_id(name), ctx.batch_id)
+            if wrote:
+                landed[name] = data.num_rows
+        app = None if ctx is None else ctx.app_id(WATERMARK)
+        lake.overwrite_once(self._path(config, WATERMARK), result.watermark, app, version, cdc_stage=self.name)
+        state_path = self._path(config, OPEN_TRANSACTIONS)
+        app = None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS)
+        token = uuid.uuid4().hex
+        self._cache = None  # until the commit is known to be ours
+        lake.overwrite_once(state_path, result.state, app, version, cdc_stage=self.name, **{STATE_TOKEN: token})
+        table = lake.open_table(state_path)
+        if _latest_commit(table).get(STATE_TOKEN) == token:
+            self._cache = (state_path, table.version(), after)
+        if table.version() % MAINTENANCE_EVERY == 0:
+            self._maintain(config)
+        return landed
+
+    def _maintain(self, config: PlatformConfig) -> None:
+        """The state and watermark tables are rewritten every batch: drop their old files.
+
+        Vacuum adds commits of its own that leave the rows as they are, so the held state stays
+        valid when nothing but those lies between its stamp and the new version.
+        """
+        for name in (OPEN_TRANSACTIONS, WATERMARK):
+            table = lake.open_table(self._path(config, name))
+            table.vacuum(retention_hours=MAINTENANCE_RETENTION_HOURS, dry_run=False, enforce_retention_duration=False)
+        cached = self._cache
+        self._cache = None
+        if cached is None:
+            return
+        table = lake.open_table(cached[0])
+        newer = table.version() - cached[1]
+        if newer >= 0 and all(str(c.get("operation", "")).startswith("VACUUM") for c in (table.history(newer) if newer else [])):
+            self._cache = (cached[0], table.version(), cached[2])
+
+    def _replay_pending(self, ctx: BatchContext) -> bool:
+        """True when a batch's outputs are ahead of the state: that batch must be replayed first."""
+        config = ctx.config
+        state_version = lake.open_table(self._path(config, OPEN_TRANSACTIONS)).transaction_version(ctx.app_id(OPEN_TRANSACTIONS))
+        for name in (TRANSACTIONS, INCOMPLETE, LATE, WATERMARK):
+            v = lake.open_table(self._path(config, name)).transaction_version(ctx.app_id(name))
+            if v is not None and (state_version is None or v > state_version):
+                return True
+        return False
+
+    def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:
+        """`cdc stream` received nothing for `idle_seconds`: advance event time by that much and expire what is due."""
+        config = ctx.config
+        if idle_seconds < config.transaction_timeout:
+            return None
+        with self._lock:
+            path = self._path(config, OPEN_TRANSACTIONS)
+            cached = self._cached(path, lake.open_table(path).version())
+            if cached is not None and not cached.has_open:
+                return None
+            if self._replay_pending(ctx):
+                return None
+            held = self._load(config)
+            if not held.has_open:
+                return None
+            result, after = step(
+                held, pa.table({}), pa.table({}), Settings.from_config(config),
+                batch_id=None, now=dt.datetime.now(dt.timezone.utc), idle_us=int(idle_seconds * 1_000_000),
+            )
+            if result.incomplete.num_rows == 0:
+                return None
+            landed = self._commit(config, result, after, None)
+            return StageResult(rows_landed=landed, figures=result.figures)
+
+
+def _latest_commit(table: Any) -> dict[str, Any]:
+    """The commit info of the table's current version (custom metadata appears as top-level keys)."""
+    history = table.history(1)
+    return history[0] if history else {}
