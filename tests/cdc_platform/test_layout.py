@@ -71,5 +71,15 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_stages_never_import_the_job_or_the_views() -> None:
     graph = import_graph(PACKAGE)
-    for stage in ("cdc_platform.latest_state", "cdc_platform.transactions", "cdc_platform.stage"):
+    latest_state = sorted(m for m in graph if m == "cdc_platform.latest_state" or m.startswith("cdc_platform.latest_state."))
+    assert len(latest_state) > 1, latest_state  # the package and its modules, each checked on its own
+    for stage in (*latest_state, "cdc_platform.transactions", "cdc_platform.stage"):
         assert not graph[stage] & {"cdc_platform.ingest", "cdc_platform.views", "cdc_platform.cli"}, stage
+
+
+def test_the_latest_state_modules_never_import_their_own_package() -> None:
+    """`from cdc_platform.latest_state import X` inside the package would run through its `__init__`."""
+    graph = import_graph(PACKAGE)
+    for module, deps in graph.items():
+        if module.startswith("cdc_platform.latest_state."):
+            assert "cdc_platform.latest_state" not in deps, module
