@@ -11,7 +11,7 @@ includes the poll interval, which is printed with the figures.
     .venv/bin/python benchmarks/freshness.py                        # 2,000 events/s for 60 s
     .venv/bin/python benchmarks/freshness.py --rate 500 --seconds 30 --trigger-interval '2 seconds'
 
-Needs cdc_platform/latest_state.py (issue 3); without it there is no latest-state table to watch.
+Needs cdc_platform/latest_state/ (issue 3); without it there is no latest-state table to watch.
 """
 
 from __future__ import annotations

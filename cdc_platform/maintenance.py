@@ -2,7 +2,7 @@
 
 Why each step:
 
-* Fold: the latest-state tables are merge-on-read (see latest_state.py). The stream folds the delta
+* Fold: the latest-state tables are merge-on-read (see the latest_state package). The stream folds the delta
   layer into the base on its own once it passes a threshold; folding here as well keeps the views'
   work minimal between bursts and is the moment tombstones can be judged.
 * Purge: a tombstone keeps a stale change from resurrecting its row. Keeping tombstones forever grows the
@@ -14,7 +14,7 @@ Why each step:
   a reader holding an older snapshot keeps working) delta-spark `VACUUM` deletes them; the count comes
   from its `VACUUM END` entry in `DESCRIBE HISTORY`.
 
-Fold and purge still commit through delta-rs (latest_state.py) until the write path moves; OPTIMIZE and
+Fold and purge still commit through delta-rs (latest_state.compaction) until the write path moves; OPTIMIZE and
 VACUUM leave the table's protocol and features as they were, so delta-rs keeps writing after them
 (`tests/cdc_platform/test_lake_spark.py`).
 

@@ -94,7 +94,7 @@ def sql(spark: SparkSession, lake_dir: Path, query: str) -> DataFrame:
 
 # --- Latest-state views: the SQL, in one place ----------------------------------------------------------
 #
-# `<name>__stored` is the physical latest-state table (see latest_state.py): `_layer` 'base' holds one row
+# `<name>__stored` is the physical latest-state table (see the latest_state package): `_layer` 'base' holds one row
 # per key as of the last compaction, `_layer` 'delta' the changes appended since. Every view below reads
 # it through `<name>`, which folds the two layers; identifiers are always backtick-quoted.
 

@@ -16,6 +16,7 @@ from cdc_platform import latest_state, lake
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
 from cdc_platform.ingest import IngestJob, split_parsed
+from cdc_platform.latest_state import apply as latest_state_apply
 from cdc_platform.stage import STAGE_ERROR, BatchContext, ParsedBatch, StageFailure, StageResult, isolate
 
 T0 = 1_767_225_600_000
@@ -80,15 +81,18 @@ def test_an_error_of_the_machine_or_the_lake_stops_at_once_without_bisecting() -
 
 @pytest.fixture
 def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The latest-state stage raises on any event whose row carries `poison`, deep inside its prepare."""
-    real = latest_state.change_rows
+    """The latest-state stage raises on any event whose row carries `poison`, deep inside its prepare.
+
+    Patched where `prepare_table` looks it up (`latest_state.apply`), not on the package's re-export.
+    """
+    real = latest_state_apply.change_rows
 
     def change_rows(events: latest_state.Events, key_columns: Any) -> Any:
         if any(a and '"poison"' in a for a in events.col("after")):
             raise KeyError("poison")  # an error no rule foresaw, as the decimal one was
         return real(events, key_columns)
 
-    monkeypatch.setattr(latest_state, "change_rows", change_rows)
+    monkeypatch.setattr(latest_state_apply, "change_rows", change_rows)
 
 
 def test_an_event_a_stage_cannot_take_is_dead_lettered_and_the_rest_lands(poisoned, make_config, land, run_pipeline, query) -> None:

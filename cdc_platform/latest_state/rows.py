@@ -1,0 +1,449 @@
+"""From raw events to typed Arrow rows, in memory, for one table.
+
+Change rows per event (key changes and truncates included, `change_rows`), the last change per key
+(`last_per_key`), typing a batch against the stored source columns (`type_rows`: widening, dead
+letters for incompatible values) and the Arrow tables of the latest-state and history schemas
+(`build_rows`, `conform`). It reads a stored schema but writes nothing, so the stage, a rebuild and
+the type property tests share it without touching Delta.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_platform import envelope, lake
+from cdc_platform.config import TableConfig
+from cdc_platform.envelope import canonical_json  # the one definition of the `key` text
+from cdc_platform.envelope import quote_value as _show
+from cdc_platform.latest_state.connect_types import (
+    _INFERRED,
+    BadValue,
+    FieldType,
+    _normalise,
+    connect_type,
+    infer_type,
+    join_types,
+    type_name,
+)
+from cdc_platform.latest_state.layout import DELTA, HISTORY_META, LAYER, META_FIELDS, RESERVED
+
+#: Row images are read with every number exact (orjson where it reads them as the stdlib would, Decimal
+#: for a number no float holds), so a decimal column gets the digits the source committed.
+_loads = envelope.loads_json
+
+
+# --- Change rows ------------------------------------------------------------------------------------
+
+@dataclass
+class ChangeRow:
+    """One row to land: a change to one key (or a truncate marker), not yet typed."""
+
+    event: int  # index of the raw event it came from
+    key: str | None  # canonical key JSON; None for a truncate marker
+    op: str
+    deleted: bool
+    image: dict[str, Any] | None  # the after image, or the key columns for a tombstone
+    sub: int  # 0 = tombstone of an old key (key change), 1 = the change itself
+
+
+class Events:
+    """The raw events of one table: Arrow columns, turned into Python lists only where a loop needs them."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self._lists: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def col(self, name: str) -> list[Any]:
+        found = self._lists.get(name)
+        if found is None:
+            found = self._lists[name] = self.table.column(name).to_pylist()
+        return found
+
+    def take(self, name: str, indexes: Sequence[int]) -> pa.Array:
+        return pc.take(self.table.column(name), pa.array(indexes, pa.int64())).combine_chunks()
+
+
+def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[ChangeRow], list[tuple[int, str, str]]]:
+    """Turn raw events into change rows; also return (event, reason_code, reason) for unusable ones."""
+    ops, keys, befores, afters = events.col("op"), events.col("key"), events.col("before"), events.col("after")
+    rows: list[ChangeRow] = []
+    bad: list[tuple[int, str, str]] = []
+    for i in range(len(events)):
+        op = ops[i]
+        if op == "m":  # a logical-decoding message: kept in the raw log, never applied (control_records)
+            continue
+        if op == "t":
+            rows.append(ChangeRow(i, None, "t", True, None, 1))
+            continue
+        key = keys[i]
+        if key is None:  # the parser fills `key` for every configured table's c/u/d/r
+            bad.append((i, "missing_key", "event has no key although its table is configured; rerun `cdc run` with the config"))
+            continue
+        if op == "d":
+            rows.append(ChangeRow(i, key, "d", True, _loads(key), 1))
+            continue
+        try:
+            after = _loads(afters[i])
+        except (TypeError, ValueError):
+            bad.append((i, "missing_after", f"op {op!r} without a usable `after` row image"))
+            continue
+        if op == "u" and befores[i] is not None:
+            before = _loads(befores[i])
+            if isinstance(before, dict) and all(before.get(k) is not None for k in key_columns):
+                old = canonical_json({k: before[k] for k in key_columns})
+                if old != key:
+                    rows.append(ChangeRow(i, old, "u", True, _loads(old), 0))
+        rows.append(ChangeRow(i, key, op, False, after, 1))
+    return rows, bad
+
+
+def last_per_key(rows: Sequence[ChangeRow], events: Events) -> list[int]:
+    """Indexes (into `rows`) of the last change per key, by (position, tx order, key-change step, arrival)."""
+    keyed = [i for i, r in enumerate(rows) if r.key is not None]
+    if not keyed:
+        return []
+    source = [rows[i].event for i in keyed]
+    table = pa.table(
+        {
+            "k": pa.array([rows[i].key for i in keyed], pa.string()),
+            "p": events.take("position", source),
+            "t": events.take("tx_total_order", source),
+            "s": pa.array([rows[i].sub for i in keyed], pa.int8()),
+            "i": pa.array(keyed, pa.int64()),
+        }
+    )
+    order = pc.sort_indices(
+        table, sort_keys=[("k", "ascending"), ("p", "ascending"), ("t", "ascending", "at_start"), ("s", "ascending"), ("i", "ascending")]
+    )
+    sorted_t = table.take(order)
+    k = sorted_t.column("k").combine_chunks()
+    n = sorted_t.num_rows
+    last = pa.array([True]) if n == 1 else pa.concat_arrays([pc.not_equal(k.slice(0, n - 1), k.slice(1)), pa.array([True])])
+    return sorted(sorted_t.column("i").filter(last).to_pylist())
+
+
+# --- Typing a batch -----------------------------------------------------------------------------------
+
+@dataclass
+class TypedRows:
+    """Change rows with typed source columns, ready to become Arrow, plus what had to be dead-lettered."""
+
+    columns: dict[str, pa.DataType]  # resolved schema of source columns, in table order
+    values: dict[str, list[Any]]  # per column, per row in `rows` (None where absent)
+    rows: list[ChangeRow]
+    dead: dict[int, tuple[str, str]] = field(default_factory=dict)  # event -> (reason_code, reason)
+    widened: dict[str, tuple[pa.DataType, pa.DataType]] = field(default_factory=dict)  # column -> (old, new)
+    added: list[str] = field(default_factory=list)
+
+
+_PLAIN = frozenset({bool, int, float, str})
+
+
+def _column_types(
+    col: str, vals: list[Any], declared: list[dict[str, FieldType] | None] | None, table: TableConfig, dead: dict[int, tuple[str, str]], events_of: list[int]
+) -> tuple[dict[pa.DataType, list[int]], dict[pa.DataType, list[int]], list[Any]]:
+    """Group the rows of one column by type and convert their values; bad values dead-letter their event.
+
+    Returns (declared groups, inferred groups, values). A declared type is exact; an inferred one only
+    says "an integer", "a number", "a string": it may land in a narrower declared column when it fits.
+    The common case, no schema wrapper and plain JSON scalars, needs no per-value work beyond `type()`.
+    """
+    if declared is None:
+        kinds = set(map(type, vals))
+        kinds.discard(type(None))
+        wide = int in kinds and any(type(v) is int and not -(2**63) <= v < 2**63 for v in vals)
+        if kinds <= _PLAIN and not wide:  # else typed value by value below (wide integers are decimals)
+            if len(kinds) == 1:
+                (kind,) = kinds
+                return {}, {_INFERRED[kind].dtype: [i for i, v in enumerate(vals) if v is not None]}, vals
+            groups: dict[pa.DataType, list[int]] = {}
+            for i, v in enumerate(vals):
+                if v is not None:
+                    groups.setdefault(_INFERRED[type(v)].dtype, []).append(i)
+            return {}, groups, vals
+    hard: dict[pa.DataType, list[int]] = {}
+    soft: dict[pa.DataType, list[int]] = {}
+    out: list[Any] = list(vals)
+    for i, v in enumerate(vals):
+        decl = declared[i] if declared is not None else None
+        ftype = decl.get(col) if decl else None
+        groups = hard
+        if ftype is None:
+            ftype, groups = infer_type(v), soft
+            if ftype is None:
+                continue
+        if v is not None:
+            try:
+                out[i] = ftype.convert(v)
+            except BadValue as exc:
+                declares = "declares" if groups is hard else "is inferred as"
+                dead.setdefault(events_of[i], (exc.code, f"column `{col}` of {table.source}: {exc}, but the column {declares} {type_name(ftype.dtype)}"))
+                continue
+        groups.setdefault(ftype.dtype, []).append(i)  # a declared type counts even for a null
+    return hard, soft, out
+
+
+_INT_RANGES = {pa.int8(): 2**7, pa.int16(): 2**15, pa.int32(): 2**31, pa.int64(): 2**63}
+
+
+def _fits(inferred: pa.DataType, target: pa.DataType, values: Iterable[Any]) -> bool:
+    """Whether values whose type was only inferred from JSON can be stored as `target` exactly."""
+    if inferred == pa.int64():
+        if target in _INT_RANGES:
+            bound = _INT_RANGES[target]
+            return all(-bound <= v < bound for v in values)
+        if target == pa.float32():
+            return all(abs(v) <= 2**24 for v in values)
+        if pa.types.is_decimal(target):
+            return all(len(str(abs(v))) <= target.precision - target.scale for v in values)
+    return inferred == pa.float64() and target == pa.float32()
+
+
+def _fold_case(order: dict[str, None], images: list[dict[str, Any] | None], events_of: list[int], dead: dict[int, tuple[str, str]], table: TableConfig) -> None:
+    """Make column identity case-insensitive, as Spark and Delta resolve names.
+
+    A name that differs only in case from a stored (or earlier) column is that column; a row image that
+    carries two such names cannot be stored and is dead-lettered. Rewrites `order` and `images` in place.
+    """
+    canonical: dict[str, str] = {}
+    for name in order:
+        canonical.setdefault(name.lower(), name)
+    renames = {name: canonical[name.lower()] for name in order if canonical[name.lower()] != name}
+    if not renames:
+        return
+    for idx, img in enumerate(images):
+        if not img or not any(k in renames for k in img):
+            continue
+        fixed: dict[str, Any] = {}
+        for k, v in img.items():
+            name = renames.get(k, k)
+            if name in fixed:
+                clash = sorted(k2 for k2 in img if k2.lower() == name.lower())
+                dead.setdefault(events_of[idx], (
+                    "ambiguous_columns",
+                    f"the row image of {table.source} has columns {', '.join(f'`{c}`' for c in clash)}, which differ only in case; "
+                    "Spark and Delta resolve column names case-insensitively, so they cannot both be columns of "
+                    f"{table.name}. Rename one at the source or with a column-renaming SMT, then run `cdc rebuild --table {table.name}`",
+                ))
+                break
+            fixed[name] = v
+        images[idx] = fixed
+    for name in renames:
+        del order[name]
+
+
+def type_rows(
+    rows: list[ChangeRow],
+    events: Events,
+    stored: Mapping[str, pa.DataType],
+    table: TableConfig,
+    *,
+    coerce: bool = False,
+) -> TypedRows:
+    """Type every change row against the stored source columns, column by column.
+
+    Without `coerce` (the stream) a value whose type cannot widen to the stored one dead-letters its
+    event. With `coerce` (rebuild) the newest event's type wins and older values are cast to it; only
+    values that cannot be cast are dead-lettered.
+    """
+    dead: dict[int, tuple[str, str]] = {}
+    images = [r.image for r in rows]
+    events_of = [r.event for r in rows]
+    texts = events.col("row_schema")
+    declared: list[dict[str, FieldType] | None] | None = None
+    if any(t is not None for t in texts):
+        cache: dict[str, dict[str, FieldType]] = {}
+        declared = [_declared(texts[e], cache) for e in events_of]
+    order: dict[str, None] = dict.fromkeys(stored)
+    for img in images:
+        if img:
+            for col in img:
+                if col not in order:
+                    order[col] = None
+    _fold_case(order, images, events_of, dead, table)
+    for col in [c for c in order if c.lower() in RESERVED]:
+        for idx, img in enumerate(images):
+            if img and col in img:
+                dead.setdefault(events_of[idx], (
+                    "reserved_column",
+                    f"source column `{col}` of {table.source} has the name of a platform metadata column; rename it at "
+                    f"the source or with a column-renaming SMT, then run `cdc rebuild --table {table.name}`",
+                ))
+        del order[col]
+
+    order_lists: list[list[Any]] = []
+
+    def newness(i: int) -> tuple[str, int, int]:
+        """Source order of a row's event: position, then transaction order, then arrival."""
+        if not order_lists:
+            order_lists.extend([events.col("position"), events.col("tx_total_order")])
+        pos, tx = order_lists
+        e = events_of[i]
+        return (pos[e] or "", tx[e] if tx[e] is not None else -1, e)
+
+    def newest(idxs: Iterable[int]) -> int:
+        return max(idxs, key=newness)
+
+    columns: dict[str, pa.DataType] = {}
+    values: dict[str, list[Any]] = {}
+    widened: dict[str, tuple[pa.DataType, pa.DataType]] = {}
+    added: list[str] = []
+    for col in order:
+        vals = [img.get(col) if img is not None else None for img in images]
+        hard, soft, converted = _column_types(col, vals, declared, table, dead, events_of)
+        if dead:
+            hard = {t: idxs for t, idxs in ((t, [i for i in ix if events_of[i] not in dead]) for t, ix in hard.items()) if idxs}
+            soft = {t: idxs for t, idxs in ((t, [i for i in ix if events_of[i] not in dead]) for t, ix in soft.items()) if idxs}
+        old = stored.get(col)
+        if old is None and not hard and not soft:
+            continue  # only nulls so far and no declared type: wait for a value to say what it is
+        if old is not None and not coerce:
+            target = _normalise(old)
+        else:  # a new column (or a rebuild): the newest declared type, else the newest inferred one
+            groups = hard or soft
+            if len(groups) == 1:
+                (target,) = groups
+            else:
+                n = newest(i for idxs in groups.values() for i in idxs)
+                target = next(t for t, idxs in groups.items() if n in idxs)
+        if len(hard) + len(soft) > 1 or ((hard or soft) and next(iter(hard or soft)) != target):
+            ranked = sorted(hard, key=lambda t: newness(newest(hard[t])), reverse=True)
+            for dtype in ranked:  # widen with every compatible declared type, newest first
+                joined = join_types(target, dtype)
+                if joined is not None:
+                    target = joined
+            fitting: set[pa.DataType] = set()
+            for dtype, idxs in soft.items():  # inferred types fit where they can, else widen
+                if dtype == target:
+                    continue
+                if _fits(dtype, target, (converted[i] for i in idxs)):
+                    fitting.add(dtype)
+                    continue
+                joined = join_types(target, dtype)
+                if joined is not None:
+                    target = joined
+            for dtype, idxs in [*hard.items(), *soft.items()]:
+                if join_types(dtype, target) == target or (dtype in fitting and _fits(dtype, target, (converted[i] for i in idxs))):
+                    if pa.types.is_decimal(target) and not pa.types.is_decimal(dtype):
+                        for i in idxs:
+                            converted[i] = decimal.Decimal(converted[i])
+                    continue
+                for i in idxs:
+                    if coerce:
+                        try:
+                            converted[i] = pa.array([converted[i]], dtype).cast(target).to_pylist()[0]
+                            continue
+                        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                            reason = (f"column `{col}` of {table.name}: {_sample(converted[i])} ({type_name(dtype)}) cannot be converted to "
+                                      f"{type_name(target)}, the type the newest events carry; the event was left out of the rebuilt table")
+                    else:
+                        reason = (f"column `{col}` of {table.name} is {type_name(target)} but this event carries {type_name(dtype)} "
+                                  f"({_sample(converted[i])}); the event was not applied. If the source column changed type, "
+                                  f"run `cdc rebuild --table {table.name}` to rebuild the table from the raw log with the newest type")
+                    dead.setdefault(events_of[i], ("incompatible_type", reason))
+        if old is None:
+            added.append(col)
+        elif not coerce and target != _normalise(old):
+            widened[col] = (_normalise(old), target)
+        columns[col] = target
+        values[col] = converted
+    return TypedRows(columns=columns, values=values, rows=rows, dead=dead, widened=widened, added=added)
+
+
+def _declared(text: str | None, cache: dict[str, dict[str, FieldType]]) -> dict[str, FieldType]:
+    if text is None:
+        return {}
+    found = cache.get(text)
+    if found is None:
+        try:
+            fields = json.loads(text).get("fields") or []
+        except (ValueError, AttributeError):
+            fields = []
+        found = {}
+        for f in fields:
+            ftype = connect_type(f) if isinstance(f, dict) and "field" in f else None
+            if ftype is not None:
+                found[str(f["field"])] = ftype
+        cache[text] = found
+    return found
+
+
+def _sample(value: Any) -> str:
+    text = _show(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- Building Arrow ---------------------------------------------------------------------------------
+
+def state_schema(columns: Mapping[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(c, t) for c, t in columns.items()] + list(META_FIELDS))
+
+
+def history_schema(columns: Mapping[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(c, t) for c, t in columns.items()] + list(HISTORY_META))
+
+
+def build_rows(typed: TypedRows, events: Events, which: Sequence[int], key_columns: Sequence[str], *, seq: int, history: bool = False) -> pa.Table:
+    """Arrow rows (latest-state or history schema) for the change rows at indexes `which`.
+
+    Tombstones keep only their key columns: a deleted row's values are not state.
+    """
+    rows = [typed.rows[i] for i in which]
+    source = [r.event for r in rows]
+    n = len(rows)
+    deleted = [r.deleted for r in rows]
+    any_deleted = any(deleted)
+    data: dict[str, pa.Array] = {}
+    for col, dtype in typed.columns.items():
+        vals = typed.values[col]
+        if any_deleted and col not in key_columns:
+            data[col] = pa.array([None if typed.rows[i].deleted else vals[i] for i in which], dtype)
+        else:
+            data[col] = pa.array([vals[i] for i in which], dtype)
+    data["_op"] = pa.array([r.op for r in rows], pa.string())
+    data["_deleted"] = pa.array(deleted, pa.bool_())
+    data["_position"] = events.take("position", source)
+    data["_source_ts"] = events.take("source_ts", source)
+    data["_transaction_id"] = events.take("transaction_id", source)
+    data["_ingested_at"] = events.take("ingested_at", source)
+    data["_event_id"] = events.take("event_id", source)
+    data["_seq"] = pa.array([seq] * n, pa.int64())
+    if history:
+        data["_tx_order"] = events.take("tx_total_order", source)
+        data["_batch_order"] = pa.array(list(which), pa.int64())
+        schema = history_schema(typed.columns)
+    else:
+        data[LAYER] = pa.array([DELTA] * n, pa.string())
+        schema = state_schema(typed.columns)
+    return pa.Table.from_arrays([data[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def source_columns(schema: pa.Schema, meta: Iterable[pa.Field] = META_FIELDS) -> dict[str, pa.DataType]:
+    names = {f.name for f in meta}
+    return {f.name: _normalise(f.type) for f in schema if f.name not in names}
+
+
+def table_schema(path: Path) -> pa.Schema:
+    return pa.schema(lake.open_table(path).schema().to_arrow())
+
+
+def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`data` with exactly `schema`'s columns, in order: missing ones null, present ones cast."""
+    arrays = []
+    for f in schema:
+        if f.name in data.column_names:
+            arrays.append(data.column(f.name).cast(f.type, safe=False))
+        else:
+            arrays.append(pa.nulls(data.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
