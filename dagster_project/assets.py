@@ -51,16 +51,14 @@ LATEST_STATE_GROUP = "latest_state"
 VIEWS_GROUP = "views"
 
 
-def source_time_column(config: PlatformConfig, name: str) -> str | None:
-    """The column that holds a table's source commit time, for the tables whose freshness is judged:
-    the raw log and each latest-state table (their materialisations carry `dagster/last_updated_timestamp`)."""
-    if name == "raw_change_events":
-        return "source_ts"
-    return "_source_ts" if name in {t.name for t in config.tables} else None
+def source_time_columns(config: PlatformConfig) -> dict[str, str]:
+    """The tables whose freshness is judged (the raw log and each latest-state table), each with the column
+    that holds its source commit time; their materialisations carry `dagster/last_updated_timestamp`."""
+    return {"raw_change_events": "source_ts"} | {t.name: "_source_ts" for t in config.tables}
 
 
 def fresh_assets(config: PlatformConfig) -> list[AssetKey]:
-    return [AssetKey(n) for n in ["raw_change_events", *(t.name for t in config.tables)]]
+    return [AssetKey(n) for n in source_time_columns(config)]
 
 
 def latest_state_specs(config: PlatformConfig) -> list[AssetSpec]:
@@ -118,6 +116,7 @@ def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
         report = IngestJob(cdc.config, progress=context.log.info).run_available_now(spark)
         landed = report.landed()
         live = latest_state_rows(spark, cdc.config)
+        source_time = source_time_columns(cdc.config)
         for spec in specs:
             name = spec.key.path[-1]
             path = cdc.lake / name
@@ -130,12 +129,11 @@ def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
                 meta["rows"] = live[name]
             if name == "dead_letter":
                 meta["newest_dead_letters"] = md.dead_letter_sample(cdc.lake)
-            if (column := source_time_column(cdc.config, name)) is not None:
-                meta |= md.newest_source_time(path, column)
+            newest = checks.column_max(path, source_time[name]) if name in source_time and path.is_dir() else None
+            meta |= md.source_time(newest)
             if name == "raw_change_events":
                 meta |= {"lines_read": report.total("rows_read"), "duplicates_skipped": report.total("duplicates_skipped"),
                          "dead_letters": report.total("dead_letters"), "seconds": round(report.seconds, 2)}
-                newest = checks.column_max(path, "source_ts") if path.is_dir() else None
                 if newest is not None:
                     meta["lag_seconds"] = round((dt.datetime.now(dt.timezone.utc) - newest).total_seconds(), 1)
             yield MaterializeResult(asset_key=spec.key, metadata=meta)

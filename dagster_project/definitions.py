@@ -29,8 +29,8 @@ from dagster import (
 from cdc_platform import checks
 from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
 from dagster_project.assets import build_backfill_asset, build_ingest_asset, build_view_assets, lake_maintenance
-from dagster_project.checks import build_checks, freshness_policy_checks, freshness_policy_sensor, scheduled_checks
 from dagster_project import metadata as md
+from dagster_project.checks import build_checks, freshness_policy_checks, freshness_policy_sensor, scheduled_checks
 from dagster_project.resources import CdcResource
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def stream_batch_metadata(batch: dict[str, object]) -> dict[str, object]:
     meta["query_id"] = str(batch["query_id"])
     meta["batch_id"] = int(batch["batch_id"])  # type: ignore[call-overload]
     meta["finished_at"] = str(batch["finished_at"])
-    return meta
+    return meta | md.source_time(batch.get("newest_source_ts"))  # the newest source commit, for the freshness checks
 
 
 def build_defs(config_path: Path | None = None) -> Definitions:
@@ -114,8 +114,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         if not batches:
             return SkipReason(f"no new micro-batches in {config.lake / 'pipeline_metrics'}")
         return SensorResult(
-            asset_events=[AssetObservation(asset_key=AssetKey("raw_change_events"), metadata=stream_batch_metadata(b) | md.source_time(b["newest_source_ts"]))
-                          for b in batches],
+            asset_events=[AssetObservation(asset_key=AssetKey("raw_change_events"), metadata=stream_batch_metadata(b)) for b in batches],
             cursor=batches[-1]["finished_at"].isoformat(),
         )
 

@@ -68,11 +68,6 @@ def source_time(newest: dt.datetime | None) -> dict[str, Any]:
     return {LAST_UPDATED: MetadataValue.timestamp(newest)}
 
 
-def newest_source_time(path: Path, column: str) -> dict[str, Any]:
-    """`source_time` of a lake table from its log statistics (`source_ts` in the raw log, `_source_ts` in latest state)."""
-    return source_time(checks.column_max(path, column)) if path.is_dir() else {}
-
-
 def sql_block(sql: str) -> MetadataValue:
     return MetadataValue.md(f"```sql\n{sql.strip()}\n```")
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdc_platform import lake
+from cdc_platform import checks, lake
 from cdc_platform.config import load_config
 from cdc_platform.demo import COUNTS_FILE
 
@@ -30,7 +30,7 @@ def record_lake(config_path: Path, home: Path) -> list[str]:
     from dagster import AssetMaterialization, DagsterInstance
 
     from dagster_project import metadata as md
-    from dagster_project.assets import ingest_specs, source_time_column
+    from dagster_project.assets import ingest_specs, source_time_columns
 
     config = load_config(config_path)
     home.mkdir(parents=True, exist_ok=True)
@@ -39,6 +39,7 @@ def record_lake(config_path: Path, home: Path) -> list[str]:
     counts_file = config_path.parent / COUNTS_FILE
     counts: dict[str, int] = json.loads(counts_file.read_text(encoding="utf-8")) if counts_file.is_file() else {}
     present = lake.lake_tables(config.lake)
+    source_time = source_time_columns(config)
     recorded: list[str] = []
     with DagsterInstance.from_config(str(home)) as instance:
         for spec in ingest_specs(config):
@@ -51,8 +52,8 @@ def record_lake(config_path: Path, home: Path) -> list[str]:
                 meta["stored_rows"] = counts.get(f"{name}/stored", 0)
             if name == "dead_letter":
                 meta["newest_dead_letters"] = md.dead_letter_sample(config.lake)
-            if (column := source_time_column(config, name)) is not None:
-                meta |= md.newest_source_time(present[name], column)
+            if name in source_time:
+                meta |= md.source_time(checks.column_max(present[name], source_time[name]))
             meta["recorded_by"] = "make demo (the lake as `cdc demo` left it)"
             instance.report_runless_asset_event(AssetMaterialization(asset_key=spec.key, metadata=meta))
             recorded.append(name)
