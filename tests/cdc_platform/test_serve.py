@@ -229,8 +229,10 @@ def small_lake(make_config: Any, land: Any, run_pipeline: Any) -> Path:
     return config.lake
 
 
-def write_state(lake_dir: Path, pid: int, port: int) -> None:
-    info = ServerInfo(pid=pid, lake=str(lake_dir), schema="cdc", host=HOST, connect_port=port, jdbc_port=port + 1, started_at="2026-01-01T00:00:00+00:00")
+def write_state(lake_dir: Path, pid: int, jdbc_port: int) -> None:
+    """A state file naming `pid` and `jdbc_port`, the endpoint `cdc sql` uses (Spark Connect's port one above it)."""
+    info = ServerInfo(pid=pid, lake=str(lake_dir), schema="cdc", host=HOST, connect_port=jdbc_port + 1, jdbc_port=jdbc_port,
+                      started_at="2026-01-01T00:00:00+00:00")
     (lake_dir / STATE_FILE).write_text(json.dumps(info.__dict__), encoding="utf-8")
 
 
@@ -268,7 +270,7 @@ def listener(small_lake: Path) -> Iterator[socket.socket]:
     connection is accepted and closed at once."""
     server = socket.create_server((HOST, 0))
     port = server.getsockname()[1]
-    write_state(small_lake, os.getpid(), port - 1)  # write_state puts the JDBC port one above the Connect port
+    write_state(small_lake, os.getpid(), port)
 
     def refuse() -> None:
         while True:
@@ -329,7 +331,7 @@ def test_serve_refuses_a_port_in_use_in_one_line(small_lake: Path, capsys: pytes
         assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(free)]) == 2
         assert "the ports must differ" in capsys.readouterr().err
         # A live server for the lake (its pid alive, its JDBC port answering) is named rather than fought.
-        write_state(small_lake, os.getpid(), taken - 1)  # write_state puts the JDBC port one above the Connect port
+        write_state(small_lake, os.getpid(), taken)
         assert main(["serve", "--lake", str(small_lake), "--connect-port", str(free), "--jdbc-port", str(free + 1)]) == 2
         assert f"a server (pid {os.getpid()}) already serves this lake" in capsys.readouterr().err
     finally:
