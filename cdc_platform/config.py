@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from cdc_platform.errors import ConfigError
+from cdc_platform.source_connection import SourceConnection, parse_source_connection
 
 CONFIG_ENV_VAR = "CDC_CONFIG"
 
@@ -54,6 +55,7 @@ _TOP_KEYS = {
     "spark_master",
     "source",
     "catalog",
+    "source_connection",
 }
 _CATALOG_KEYS = {"schema"}
 #: The schema (database) `cdc serve` registers the lake's tables and views under, unless `catalog.schema` says.
@@ -231,6 +233,8 @@ class PlatformConfig:
     catalog: CatalogConfig = field(default_factory=CatalogConfig)
     source_file: Path | None = field(default=None, compare=False)
     source: SourceConfig = field(default_factory=SourceConfig)  # `landing` is not read when it is Kafka
+    #: The source database itself, for coverage against the live source; None: that check is not built.
+    source_connection: SourceConnection | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -383,6 +387,7 @@ def parse_config(
     )
 
     catalog = parse_catalog(raw.get("catalog"), where)
+    source_connection = parse_source_connection(raw.get("source_connection"), where)
 
     return PlatformConfig(
         catalog=catalog,
@@ -399,6 +404,7 @@ def parse_config(
         spark_master=master,
         source_file=source_file,
         source=source,
+        source_connection=source_connection,
     )
 
 

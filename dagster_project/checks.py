@@ -29,7 +29,7 @@ from dagster_project.assets import fresh_assets
 from dagster_project.resources import CdcResource
 
 #: Check names that the hourly coverage-and-completeness schedule runs.
-SCHEDULED_CHECKS = ("coverage", "completeness")
+SCHEDULED_CHECKS = ("coverage", "source_coverage", "completeness")
 
 
 def to_result(outcome: checks.CheckOutcome) -> AssetCheckResult:
@@ -80,6 +80,20 @@ def coverage_check(table: TableConfig) -> AssetChecksDefinition:
         if backfill.snapshot_dir(cdc.config, table).is_dir():
             outcomes.append(backfill.compare_snapshot(cdc.config, table.name))
         return to_result(_combine(outcomes, ""))
+
+    return _check
+
+
+def source_coverage_check(table: TableConfig) -> AssetChecksDefinition:
+    @asset_check(asset=table.name, name="source_coverage",
+                 description="Source rows, read from the database itself (`source_connection`), vs lake rows: coverage %, "
+                             "missing, different and extra keys; rows changed after the read are left out.")
+    def _check(cdc: CdcResource) -> AssetCheckResult:
+        from cdc_platform.source_coverage import source_coverage
+
+        connection = cdc.config.source_connection
+        assert connection is not None  # built only when the config names one
+        return to_result(source_coverage(cdc.spark(), cdc.lake, table, connection))
 
     return _check
 
@@ -141,6 +155,8 @@ def build_checks(config: PlatformConfig) -> list[AssetChecksDefinition]:
     ]
     for table in config.tables:
         built += [coverage_check(table), freshness_check(table), gx_check(table.name, table.key, latest_state=True)]
+        if config.source_connection is not None:
+            built.append(source_coverage_check(table))
     return built
 
 

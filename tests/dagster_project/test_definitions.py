@@ -268,3 +268,43 @@ def test_a_kafka_lake_has_no_landing_sensor(tmp_path: Path) -> None:
                       "tables:\n  payments.customers: {key: [id]}\n", encoding="utf-8")
     names = {s.name for s in build_defs(config).sensors}
     assert "new_landing_files" not in names and {"stream_batches", "unconfigured_source_tables"} <= names
+
+
+def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`source_connection` in the config: every table gets `source_coverage`, the hourly check job runs it,
+    and the check hands the platform's outcome to Dagster (the live compare itself: test_source_coverage)."""
+    from dagster import AssetCheckKey, AssetKey
+
+    from cdc_platform import source_coverage
+    from cdc_platform.checks import CheckOutcome, Severity
+    from cdc_platform.config import load_config
+    from dagster_project.resources import CdcResource
+
+    workload = generate_workload(tmp_path / "w", transactions=5)
+    plain = build_defs(workload.config_path)
+    assert not any(k.name == "source_coverage" for k in plain.resolve_asset_graph().asset_check_keys)
+
+    monkeypatch.setenv("CDC_TEST_SOURCE_USER", "reader")
+    monkeypatch.setenv("CDC_TEST_SOURCE_PASSWORD", "pw")
+    config = workload.config_path
+    config.write_text(config.read_text(encoding="utf-8") + "source_connection: {kind: postgresql, host: 127.0.0.1, database: app, "
+                      "user: '${CDC_TEST_SOURCE_USER}', password: '${CDC_TEST_SOURCE_PASSWORD}'}\n", encoding="utf-8")
+    defs = build_defs(config)
+    live = {k for k in defs.resolve_asset_graph().asset_check_keys if k.name == "source_coverage"}
+    names = [t.name for t in load_config(config).tables]
+    assert live == {AssetCheckKey(AssetKey(n), "source_coverage") for n in names} and names
+    scheduled = defs.resolve_job_def("coverage_and_completeness_checks").asset_layer.asset_graph.asset_check_keys
+    assert live <= set(scheduled)
+
+    seen: list[tuple[str, str]] = []
+
+    def fake(spark: Any, lake: Path, table: Any, connection: Any) -> CheckOutcome:
+        seen.append((table.name, connection.describe()))
+        return CheckOutcome(False, Severity.ERROR, f"{table.name}: 1 missing in lake", {"missing_in_lake": 1, "live_mismatched_keys": {"missing_in_lake": ['{"id": 3}']}})
+
+    monkeypatch.setattr(source_coverage, "source_coverage", fake)
+    check = next(c for c in defs.asset_checks if AssetCheckKey(AssetKey(names[0]), "source_coverage") in c.check_keys)
+    result = check(cdc=CdcResource(config_path=str(config)))
+    assert not result.passed and result.description == f"{names[0]}: 1 missing in lake"
+    assert result.metadata["missing_in_lake"].value == 1
+    assert seen == [(names[0], "postgresql://reader@127.0.0.1:5432/app")]

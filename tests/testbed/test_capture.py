@@ -221,6 +221,13 @@ def test_transaction_markers_match_the_transactions(capture: Capture) -> None:
         assert end["data_collections"] == [{"data_collection": table, "event_count": len(ops)}]
 
 
+def _land(capture: Capture, cfg: Any, land: Callable[..., Path], run_pipeline: Callable[[Any], Any]) -> Any:
+    for topic in (capture.source.topic, capture.source.tx_topic):
+        lines = [r.dump_line() for r in capture.records if r.topic == topic]
+        land(f"{topic}/part-00000.jsonl", lines)
+    return run_pipeline(cfg)
+
+
 def test_captured_output_lands_and_the_full_view_equals_the_source_table(
     capture: Capture, tmp_path: Path, make_config, land, run_pipeline, query  # noqa: ANN001
 ) -> None:
@@ -230,10 +237,7 @@ def test_captured_output_lands_and_the_full_view_equals_the_source_table(
     source = capture.source
     name = f"accounts_{source.kind}"
     cfg = make_config({source.table_id: {"key": ["id"], "name": name}})
-    for topic in (source.topic, source.tx_topic):
-        lines = [r.dump_line() for r in capture.records if r.topic == topic]
-        land(f"{topic}/part-00000.jsonl", lines)
-    report = run_pipeline(cfg)
+    report = _land(capture, cfg, land, run_pipeline)
     assert report.batches, "the run read the landing"
     dead = query(cfg, "SELECT reason_code, reason FROM dead_letter")
     assert dead == [], f"nothing dead-lettered: {dead}"
@@ -249,3 +253,46 @@ def test_captured_output_lands_and_the_full_view_equals_the_source_table(
     assert len(raw) == len(INITIAL) + len(TX_A_OPS) + len(TX_B_OPS)
     expected_kind = "pg_lsn" if source.kind == "postgres" else "mysql_binlog"
     assert {r["position_kind"] for r in raw} == {expected_kind}
+
+
+def test_coverage_against_the_live_source_names_a_lost_row_and_a_lagging_one(
+    capture: Capture, make_config, land, run_pipeline, spark: Any  # noqa: ANN001
+) -> None:
+    """Coverage against the database itself (`source_connection`): the captured lake equals the source
+    table; a row the lake loses on purpose is named as missing, and a source change the lake never
+    receives is named as different, still after the recheck."""
+    from cdc_platform.source_connection import parse_source_connection
+    from cdc_platform.source_coverage import source_coverage
+    from cdc_platform.testbed.databases import DATABASE
+
+    source = capture.source
+    name = f"live_{source.kind}"
+    cfg = make_config({source.table_id: {"key": ["id"], "name": name}})
+    _land(capture, cfg, land, run_pipeline)
+    server = source.bed.postgres if source.kind == "postgres" else source.bed.mariadb
+    connection = parse_source_connection(
+        {"kind": "postgresql" if source.kind == "postgres" else "mariadb", "host": "127.0.0.1", "port": server.port,
+         "database": DATABASE, "user": "${SRC_USER}", "password": "${SRC_PASSWORD}", "recheck_after": 0.5},
+        "test", environ={"SRC_USER": "cdc", "SRC_PASSWORD": "cdc"})
+    assert connection is not None
+    table = cfg.table(name)
+    slept: list[float] = []
+
+    first = source_coverage(spark, cfg.lake, table, connection, sleep=slept.append)
+    assert first.passed, first.description
+    assert first.metadata["matched"] == len(capture.source_rows) == first.metadata["source_rows"]
+    assert first.metadata["live_coverage_percent"] == 100.0 and slept == [], "nothing to recheck"
+
+    # The lake loses key 3 (every stored version of it), and the source changes key 1 behind the lake's back.
+    spark.sql(f"DELETE FROM delta.`{cfg.lake / name}` WHERE id = 3")
+    source.transaction([("update {t} set name = %s where id = %s", ("ann v3", 1))])
+    lost = source_coverage(spark, cfg.lake, table, connection, sleep=slept.append)
+    assert not lost.passed
+    assert slept == [0.5], "the differing keys were read again after recheck_after"
+    assert lost.metadata["missing_in_lake"] == 1 and lost.metadata["different_values"] == 1, lost.metadata
+    assert lost.metadata["live_mismatched_keys"] == {"missing_in_lake": ['{"id": 3}'], "different_values": ['{"id": 1}']}
+    assert lost.metadata["different_columns"] == {"name": 1}
+    assert lost.metadata["rechecked_keys"] == 2
+    assert '{"id": 3}' in lost.description and "cdc rebuild" in lost.description
+    expected_kind = 20 if source.kind == "postgres" else 40
+    assert len(lost.metadata["source_position"]) == expected_kind, "the read's position is in the lake's format"

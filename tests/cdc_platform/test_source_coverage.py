@@ -1,0 +1,202 @@
+"""Coverage against the live source, without a database: the value mapping, the per-key verdicts, the
+recheck that tells a stream that is behind from a lake that lost a row, and the connection's config.
+The same check against real PostgreSQL and MariaDB is in tests/testbed/test_capture.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import sys
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform import envelope, source_coverage
+from cdc_platform.config import TableConfig, load_config
+from cdc_platform.errors import ConfigError
+from cdc_platform.lake import write_registry
+from cdc_platform.source_connection import (
+    SourceConnection,
+    SourceConnectionError,
+    SourceRead,
+    binlog_position,
+    parse_source_connection,
+    pg_lsn_position,
+    read_table,
+)
+from cdc_platform.source_coverage import LakeSide, compare, same_value
+
+UTC = dt.timezone.utc
+TABLE = TableConfig(source="public.accounts", name="accounts", key=("id",))
+ENV = {"U": "reader", "P": "s3cret"}
+CONN = SourceConnection("postgresql", "127.0.0.1", 5432, "app", "reader", "s3cret", recheck_after=7.0)
+
+
+@pytest.mark.parametrize(("source", "stored"), [
+    (Decimal("10.50"), Decimal("10.5")),
+    (Decimal("7"), 7),
+    (Decimal("12345678901234567890.123"), "12345678901234567890.123"),  # wider than 38 digits: kept as exact text
+    (dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone(dt.timedelta(hours=2))), dt.datetime(2024, 1, 2, 1, 4, 5, 6, tzinfo=UTC)),
+    (dt.datetime(2021, 2, 3, 4, 5, 6, 7), dt.datetime(2021, 2, 3, 4, 5, 6, 7, tzinfo=UTC)),  # zone-less: taken as UTC, as Debezium does
+    (dt.date(2000, 2, 29), dt.date(2000, 2, 29)),
+    ({"tier": 1, "tags": ["a"]}, '{"tags": ["a"], "tier": 1}'),  # jsonb read by the driver vs Debezium's text
+    ('{"a": 1.50}', '{"a":1.5}'),  # MariaDB's JSON is text on both sides
+    (uuid.UUID(int=5), "00000000-0000-0000-0000-000000000005"),
+    (b"\x00\xff", bytearray(b"\x00\xff")),
+    (memoryview(b"ab"), b"ab"),
+    (dt.time(1, 2, 3, 4), 3_723_000_004),  # MicroTime
+    (dt.time(1, 2, 3), 3_723_000),  # Time (ms)
+    (dt.timedelta(hours=1), 3_600_000_000),  # MySQL TIME read as a duration; MicroDuration
+    (1, True),  # MySQL TINYINT(1), which Debezium calls boolean
+    ("paid", "paid"),
+    (None, None),
+    (1.25, 1.25),
+])
+def test_equal_values_under_the_type_mapping(source: Any, stored: Any) -> None:
+    assert same_value(source, stored)
+
+
+@pytest.mark.parametrize(("source", "stored"), [
+    (Decimal("10.50"), Decimal("10.51")),
+    (None, 0),
+    ("x", None),
+    (dt.datetime(2021, 2, 3, 4, 5, 6, 7), dt.datetime(2021, 2, 3, 4, 5, 6, 8, tzinfo=UTC)),
+    ({"a": 1}, '{"a": 2}'),
+    ("not json", "not json!"),
+    (2, True),
+    (True, False),
+    (b"a", b"b"),
+    (dt.time(0, 0, 1), 999),
+])
+def test_different_values_stay_different(source: Any, stored: Any) -> None:
+    assert not same_value(source, stored)
+
+
+def lake(*rows: tuple[int, str | None, str, bool]) -> LakeSide:
+    """Lake rows as (id, name, position, deleted)."""
+    return LakeSide(("id", "name"), {source_coverage.key_of(TABLE, {"id": i}): {"id": i, "name": n, "_position": p, "_deleted": d}
+                                     for i, n, p, d in rows})
+
+
+def test_each_key_gets_one_verdict_and_changes_after_the_read_are_left_out() -> None:
+    read = SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (6, "f")])
+    stored = lake((1, "a", "0010", False),  # equal
+                  (2, "B", "0020", False),  # different
+                  (3, None, "0030", True),  # deleted in the lake, live in the source
+                  (4, "x", "0060", False),  # changed after the read: the lake is rightly newer
+                  (5, "e", "0040", False),  # live in the lake, not in the source
+                  (7, "g", "0070", False),  # inserted after the read
+                  (8, None, "0045", True))  # deleted on both sides
+    got = compare(read, stored, TABLE)
+    assert got.counts == {"matched": 1, "changed_after_read": 2, "missing_in_lake": 2, "different_values": 1, "extra_in_lake": 1}
+    assert {k[0][1]: v[0] for k, v in got.differing.items()} == {"2": "different_values", "3": "missing_in_lake", "6": "missing_in_lake",
+                                                                 "5": "extra_in_lake"}
+    assert got.different_columns == {"name": 1}
+
+
+def test_a_source_without_the_key_column_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="no key column id"):
+        compare(SourceRead("1", ("uid",), []), lake(), TABLE)
+
+
+class FakeSide:
+    """Successive source reads and lake states, as `source_coverage` asks for them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, reads: list[SourceRead], lakes: list[LakeSide]) -> None:
+        self.reads, self.lakes, self.asked = reads, lakes, []
+        monkeypatch.setattr(source_coverage, "read_table", self.read_table)
+        monkeypatch.setattr(source_coverage, "read_lake", lambda spark, lake_dir, table: self.lakes.pop(0))
+
+    def read_table(self, conn: SourceConnection, source: str, key: tuple[str, ...] = (), key_values: Any = None) -> SourceRead:
+        self.asked.append(None if key_values is None else sorted(tuple(v) for v in key_values))
+        return self.reads.pop(0)
+
+
+def test_a_stream_that_is_only_behind_passes_on_the_recheck(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    side = FakeSide(monkeypatch,
+                    [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b2")]), SourceRead("0070", ("id", "name"), [(2, "b3")])],
+                    [lake((1, "a", "0010", False), (2, "b", "0020", False)), lake((1, "a", "0010", False), (2, "b3", "0065", False))])
+    slept: list[float] = []
+    out = source_coverage.source_coverage(None, tmp_path, TABLE, CONN, sleep=slept.append)
+    assert out.passed, out.description
+    assert slept == [7.0] and side.asked == [None, [(2,)]], "only the differing key is read again, recheck_after later"
+    assert out.metadata["matched"] == 2 and out.metadata["rechecked_keys"] == 1 and out.metadata["live_coverage_percent"] == 100.0
+
+
+def test_a_lost_row_fails_naming_its_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    FakeSide(monkeypatch, [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b")]), SourceRead("0051", ("id", "name"), [(2, "b")])],
+             [lake((1, "a", "0010", False)), lake((1, "a", "0010", False))])
+    out = source_coverage.source_coverage(None, tmp_path, TABLE, CONN, sleep=lambda s: None)
+    assert not out.passed
+    assert out.metadata["live_mismatched_keys"] == {"missing_in_lake": ['{"id": 2}']}
+    assert out.metadata["live_coverage_percent"] == 50.0
+    assert 'e.g. key {"id": 2}' in out.description and "still after a recheck 7 s later" in out.description
+
+
+def test_too_many_differing_keys_are_not_read_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(source_coverage, "MAX_RECHECK", 1)
+    side = FakeSide(monkeypatch, [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b")])], [lake()])
+    out = source_coverage.source_coverage(None, tmp_path, TABLE, CONN, sleep=lambda s: pytest.fail("no recheck expected"))
+    assert not out.passed and out.metadata["missing_in_lake"] == 2 and out.metadata["rechecked_keys"] == 0
+    assert side.asked == [None]
+
+
+def test_the_reads_position_is_written_as_the_lakes_positions_are() -> None:
+    lsn = (1 << 32) | 0x16B3748
+    assert pg_lsn_position("1/16B3748") == envelope._position("postgresql", {"lsn": lsn}, None, None)[0]
+    assert binlog_position("binlog.000003", 1234) == envelope._position("mariadb", {"file": "binlog.000003", "pos": 1234, "row": 0}, None, None)[0]
+    # A change of the next row of the same binlog event sorts after the read's position, one of the event before it before.
+    assert envelope._position("mysql", {"file": "binlog.000003", "pos": 1234, "row": 1}, None, None)[0] > binlog_position("binlog.000003", 1234)
+    assert envelope._position("mysql", {"file": "binlog.000002", "pos": 9999, "row": 0}, None, None)[0] < binlog_position("binlog.000003", 4)
+
+
+def test_credentials_come_from_the_environment_only() -> None:
+    raw = {"kind": "postgres", "host": "db", "database": "app", "user": "${U}", "password": "${P}"}
+    conn = parse_source_connection(raw, "cdc.yaml", environ=ENV)
+    assert conn == SourceConnection("postgresql", "db", 5432, "app", "reader", "s3cret")
+    assert "s3cret" not in repr(conn) and conn.describe() == "postgresql://reader@db:5432/app"
+    assert parse_source_connection({**raw, "kind": "mariadb"}, "x", environ=ENV).port == 3306  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"password must come from the environment"):
+        parse_source_connection({**raw, "password": "hunter2"}, "cdc.yaml", environ=ENV)
+    with pytest.raises(ConfigError, match=r"\$\{NOPE\}, which is not set"):
+        parse_source_connection({**raw, "user": "${NOPE}"}, "cdc.yaml", environ=ENV)
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_source_connection({**raw, "dsn": "x"}, "cdc.yaml", environ=ENV)
+    with pytest.raises(ConfigError, match="kind must be one of"):
+        parse_source_connection({**raw, "kind": "oracle"}, "cdc.yaml", environ=ENV)
+    with pytest.raises(ConfigError, match="host is required"):
+        parse_source_connection({k: v for k, v in raw.items() if k != "host"}, "cdc.yaml", environ=ENV)
+    with pytest.raises(ConfigError, match="recheck_after must be a number"):
+        parse_source_connection({**raw, "recheck_after": "soon"}, "cdc.yaml", environ=ENV)
+
+
+def test_the_connection_is_in_the_config_and_never_in_the_lake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_TEST_SOURCE_USER", "reader")
+    monkeypatch.setenv("CDC_TEST_SOURCE_PASSWORD", "s3cret-value")
+    (tmp_path / "cdc.yaml").write_text(
+        "landing: landing\nlake: lake\ntables: {public.accounts: {key: [id]}}\nsource_connection: {kind: postgresql, host: db, "
+        "database: app, user: '${CDC_TEST_SOURCE_USER}', password: '${CDC_TEST_SOURCE_PASSWORD}'}\n", encoding="utf-8")
+    cfg = load_config(tmp_path / "cdc.yaml")
+    assert cfg.source_connection is not None and cfg.source_connection.password == "s3cret-value"
+    registry = write_registry(cfg)
+    assert "s3cret-value" not in registry.read_text(encoding="utf-8")
+
+
+def test_an_unreachable_source_is_one_line_naming_it() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conn = SourceConnection("postgresql", "127.0.0.1", port, "app", "reader", "pw", connect_timeout=2)
+    with pytest.raises(SourceConnectionError, match=rf"cannot read public.accounts from postgresql://reader@127.0.0.1:{port}/app: .*check source_connection") as err:
+        read_table(conn, "public.accounts")
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_driver_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pymysql", None)
+    conn = SourceConnection("mariadb", "127.0.0.1", 3306, "app", "reader", "pw")
+    with pytest.raises(SourceConnectionError, match=r"needs its Python driver \(pymysql\): pip install 'cdc-platform\[sources\]'"):
+        read_table(conn, "app.accounts")
