@@ -36,6 +36,7 @@ from cdc_platform import lake, lake_spark, parse_spark, schemas, sources
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError
+from cdc_platform.onboarding import ConfigWatch, build_from_raw_log
 from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
 
 if TYPE_CHECKING:
@@ -199,6 +200,8 @@ class IngestJob:
         self._last_activity = time.monotonic()
         self._last_batch_id = -1
         self.keys = KeySpec(dict(config.keys_by_source))
+        #: Tables added to the config file while the stream runs are onboarded between batches (onboarding.py).
+        self._config_watch = ConfigWatch(config, self.progress) if config.source_file is not None else None
 
     # -- set-up -------------------------------------------------------------------------------------
     def setup(self, spark: SparkSession | None = None) -> None:
@@ -213,9 +216,25 @@ class IngestJob:
             (METRICS, schemas.PIPELINE_METRICS, []),
         ):
             lake_spark.ensure_table(spark, self.path(name), lake_spark.spark_schema(schema), partition_by)
+        build_from_raw_log(cfg, cfg.tables, self.progress)  # configured while the stream was stopped: its past is in the raw log
         for stage in self.stages:
             stage.setup(cfg)
         lake.write_registry(cfg)
+
+    def onboard_added_tables(self) -> list[str]:
+        """Tables added to the config file since the last batch: built from the raw log, then kept by the stream."""
+        updated = self._config_watch.poll() if self._config_watch is not None else None
+        if updated is None:
+            return []
+        added = [t for t in updated.tables if t not in self.config.tables]
+        build_from_raw_log(updated, added, self.progress)
+        self.config = updated
+        self.keys = KeySpec(dict(updated.keys_by_source))
+        for stage in self.stages:
+            stage.setup(updated)
+        lake.write_registry(updated)
+        self.progress(f"onboarded {', '.join(f'{t.source} as {t.name}' for t in added)}: kept from this batch on, without a restart")
+        return [t.name for t in added]
 
     def path(self, name: str) -> Path:
         return lake.table_path(self.config.lake, name)
@@ -385,6 +404,8 @@ class IngestJob:
     def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
         try:
             started = _now()
+            with self._batch_lock:
+                self.onboard_added_tables()
             parsed = parse_spark.parse_lines(df, self.keys)
             with self._batch_lock:
                 if self._stopping.is_set():

@@ -21,7 +21,7 @@ from cdc_platform.errors import LakeError
 from cdc_platform.latest_state.apply import _dead_rows
 from cdc_platform.latest_state.compaction import _key_filter, _newest, _tombstone_below
 from cdc_platform.latest_state.layout import BASE, LAYER
-from cdc_platform.latest_state.rows import Events, build_rows, change_rows, last_per_key, type_rows
+from cdc_platform.latest_state.rows import Events, build_rows, change_rows, fill_keys, last_per_key, type_rows
 from cdc_platform.latest_state.writing import ensure_tables
 from cdc_platform.stage import RAW, dead_letter_rows
 
@@ -50,7 +50,7 @@ def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], N
     raw = lake.scan(lake.open_table(raw_path), [f.name for f in schemas.RAW_CHANGE_EVENTS], pc.field("table_id") == table.source)
     # First-arrival order (the raw log keeps each event's first copy), so ties at one position fold as the stream did.
     raw = raw.sort_by([("ingested_at", "ascending"), ("kafka_topic", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
-    events = Events(raw)
+    events = Events(fill_keys(raw, table.key))  # events that landed before the table was configured have no key yet
     say(f"rebuilding {name} from {len(events):,} raw events of {table.source} ...")
     rows, bad = change_rows(events, table.key)
     typed, _, _ = unavailable.resolve_batch(rows, events, lambda: type_rows(rows, events, {}, table, coerce=True), table.key, None)

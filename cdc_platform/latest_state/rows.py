@@ -74,6 +74,29 @@ class Events:
         return pc.take(self.table.column(name), pa.array(indexes, pa.int64())).combine_chunks()
 
 
+def fill_keys(raw: pa.Table, key_columns: Sequence[str]) -> pa.Table:
+    """Raw events with `key` filled where the parser left it empty because the table was not configured
+    when they landed (the parser fills it only for configured tables): the same canonical text, from the
+    same image (`after`, or `before` of a delete, which holds the record key when there was no before).
+    An image without every key column keeps no key, and the event is dead-lettered as `missing_key`."""
+    keys = raw.column("key").to_pylist()
+    if all(k is not None for k in keys):
+        return raw
+    ops, befores, afters = (raw.column(c).to_pylist() for c in ("op", "before", "after"))
+    filled = list(keys)
+    for i, key in enumerate(keys):
+        if key is not None or ops[i] not in ("c", "u", "d", "r"):
+            continue
+        text = befores[i] if ops[i] == "d" else afters[i]
+        try:
+            image = _loads(text) if text is not None else None
+        except ValueError:
+            continue
+        if isinstance(image, dict) and all(image.get(k) is not None for k in key_columns):
+            filled[i] = canonical_json({k: image[k] for k in key_columns})
+    return raw.set_column(raw.schema.get_field_index("key"), raw.schema.field("key"), pa.array(filled, pa.string()))
+
+
 def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[ChangeRow], list[tuple[int, str, str]]]:
     """Turn raw events into change rows; also return (event, reason_code, reason) for unusable ones."""
     ops, keys, befores, afters = events.col("op"), events.col("key"), events.col("before"), events.col("after")
