@@ -14,7 +14,7 @@ Used by the tests (session fixture `testbed` in tests/conftest.py) and by users 
 
 from cdc_platform.testbed.errors import TestbedError
 from cdc_platform.testbed.install import ensure_installed
-from cdc_platform.testbed.kafka import Record, consume
+from cdc_platform.testbed.kafka import Record, consume, consume_all
 from cdc_platform.testbed.stack import Stack
 
-__all__ = ["Record", "Stack", "TestbedError", "consume", "ensure_installed"]
+__all__ = ["Record", "Stack", "TestbedError", "consume", "consume_all", "ensure_installed"]

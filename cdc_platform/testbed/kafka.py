@@ -344,3 +344,24 @@ def consume(
         return records
     finally:
         consumer.close()
+
+
+def consume_all(bootstrap: str, topics: Iterable[str], timeout: float = 120.0) -> list[Record]:
+    """Every record `topics` hold now: read until each partition's end offset, as it was when called."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topics = list(topics)
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        meta = probe.list_topics(timeout=10).topics
+        ends_at = {(t, p): probe.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t in topics for p in meta[t].partitions}
+    finally:
+        probe.close()
+
+    def complete(records: list[Record]) -> bool:
+        last: dict[tuple[str, int], int] = {}
+        for r in records:
+            last[(r.topic, r.partition)] = max(last.get((r.topic, r.partition), -1), r.offset)
+        return all(last.get(tp, -1) >= end - 1 for tp, end in ends_at.items())
+
+    return consume(bootstrap, topics, until=complete, timeout=timeout)

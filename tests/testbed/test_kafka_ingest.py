@@ -6,7 +6,8 @@ One scenario, in order, because each step builds on the lake of the one before:
 1. snapshot (rows present when the connector starts), then multi-table transactions while the stream runs;
    every configured table's full view equals `SELECT *` of its source table, every transaction is in
    `transactions` exactly once with Debezium's per-table counts;
-2. a table created while the stream runs gets a new topic, which the stream reads without a restart;
+2. a table created while the stream runs gets a new topic, which the stream reads without a restart, and
+   adding the table to the config onboards it without a restart (its past from the raw log, then what follows);
 3. the stream stops and starts again on its checkpoint, more transactions run: nothing lands twice
    (one raw row per Kafka record, one `transactions` row per source transaction);
 4. a lost checkpoint (everything read again from the earliest offsets) still lands nothing twice.
@@ -27,7 +28,7 @@ import yaml
 
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.ingest import IngestJob
-from cdc_platform.testbed import Record, Stack, consume
+from cdc_platform.testbed import Record, Stack, consume_all
 
 PREFIX = "e2e_pg"
 CUSTOMERS = "e2e_customers"
@@ -102,24 +103,8 @@ def lake_rows(query: Callable[..., list[dict[str, Any]]], cfg: PlatformConfig, t
 
 
 def all_records(bed: Stack) -> list[Record]:
-    """Every record the connector's topics hold now (read up to each partition's end offset)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    topics = [f"{PREFIX}.public.{t}" for t in (CUSTOMERS, ORDERS, LATE)] + [f"{PREFIX}.transaction"]
-    probe = Consumer({"bootstrap.servers": bed.broker.bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
-    try:
-        meta = probe.list_topics(timeout=10).topics
-        ends_at = {(t, p): probe.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t in topics for p in meta[t].partitions}
-    finally:
-        probe.close()
-
-    def complete(records: list[Record]) -> bool:
-        last: dict[tuple[str, int], int] = {}
-        for r in records:
-            last[(r.topic, r.partition)] = max(last.get((r.topic, r.partition), -1), r.offset)
-        return all(last.get(tp, -1) >= end - 1 for tp, end in ends_at.items())
-
-    return consume(bed.broker.bootstrap, topics, until=complete, timeout=120)
+    """Every record the connector's topics hold now."""
+    return consume_all(bed.broker.bootstrap, [f"{PREFIX}.public.{t}" for t in (CUSTOMERS, ORDERS, LATE)] + [f"{PREFIX}.transaction"])
 
 
 def ends(records: list[Record]) -> int:
@@ -160,7 +145,7 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
             conn.execute(ddl)
     run(bed, [(INSERT_CUSTOMER, customer(i)) for i in (1, 2, 3)])  # read by the snapshot
     # FOR ALL TABLES (needs the superuser), so a table created later is published too; the include list is a regex.
-    connector = bed.postgres_connector(PREFIX, [rf"public\.e2e_.*"], publication_autocreate_mode="all_tables",
+    connector = bed.postgres_connector(PREFIX, [r"public\.e2e_.*"], publication_autocreate_mode="all_tables",
                                        database_user="postgres", database_password="postgres")
     bed.connect.register(PREFIX, connector)
     doc = {
@@ -180,6 +165,14 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
         except AnalysisException:  # before a table's first change lands its view has no source columns yet
             return False
 
+    def late_rows() -> list[tuple[Any, ...]] | None:
+        from pyspark.errors import AnalysisException
+
+        try:
+            return [(r["id"], r["v"]) for r in query(cfg, f"select id, v from {LATE}__full_view order by id")]
+        except AnalysisException:  # not onboarded yet: no such view
+            return None
+
     def tx_count() -> int:
         return query(cfg, "select count(*) as n from transactions")[0]["n"]
 
@@ -198,9 +191,15 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
             late_topic = f"{PREFIX}.public.{LATE}"
             stream.wait("the late table's topic reaches the raw log", lambda: query(
                 cfg, f"select count(*) as n from raw_change_events where kafka_topic = '{late_topic}'")[0]["n"] == 1)
+
+            # ... and is onboarded by adding it to the config, without a restart: its past from the raw log, then what follows.
+            doc["tables"][f"public.{LATE}"] = {"key": ["id"]}
+            (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+            run(bed, [(f"insert into {LATE} values (%s, %s)", (2, "after onboarding")), (f"update {LATE} set v = %s where id = %s", ("late v2", 1))])
+            stream.wait("the late table is onboarded and kept", lambda: late_rows() == [(1, "late v2"), (2, "after onboarding")])
         finally:
             stream.stop()
-        first_txs = len(WORKLOAD_1) + 1
+        first_txs = len(WORKLOAD_1) + 2
 
         # 3. Restart on the same checkpoint; more transactions, some while it was down.
         run(bed, WORKLOAD_2[0])
