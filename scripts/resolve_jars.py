@@ -127,7 +127,7 @@ def parse_list(listing: str) -> list[dict[str, str]]:
         parts = coords.split(":")
         if len(parts) < 5:
             continue
-        group, artifact, _type = parts[0], parts[1], parts[2]
+        group, artifact = parts[0], parts[1]
         version = parts[-2]
         classifier = parts[3] if len(parts) == 6 else None
         gav = f"{group}:{artifact}:{version}" + (f":{classifier}" if classifier else "")
