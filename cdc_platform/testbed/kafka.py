@@ -63,6 +63,16 @@ def _properties(path: Path, values: dict[str, Any]) -> None:
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()), encoding="utf-8")
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id (url-safe base64 of a random UUID) that never starts with "-": the storage tool's
+    argument parser takes `-t -T05A...` for two options and the format fails (1 start in 64 did, in CI's
+    replica). Kafka's own `Uuid.randomUuid()` draws again for the same reason."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 @dataclass
 class Broker:
     """One KRaft node (broker + controller) on loopback."""
@@ -108,7 +118,7 @@ class Broker:
                 "log.retention.hours": -1,
             },
         )
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         run(
             _java(self.java, self.root / "log4j2.properties", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.root / "server.properties")),
             self.root / "format.log",

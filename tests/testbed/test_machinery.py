@@ -191,3 +191,14 @@ def test_jars_are_current_only_for_the_poms_they_were_resolved_from(scratch_targ
     assert not install.jars_ready(), "a stamp of other poms"
     install.STAMP.write_text(install._poms_hash() + "\n", encoding="utf-8")
     assert install.jars_ready()
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage tool read `-t -T05A...` as two options and the broker's format failed."""
+    import uuid
+
+    from cdc_platform.testbed import kafka
+
+    draws = iter([uuid.UUID(bytes=b"\xf9" + bytes(15)), uuid.UUID(int=5)])  # the first encodes to "-Q...", a leading dash
+    monkeypatch.setattr(kafka.uuid, "uuid4", lambda: next(draws))
+    assert kafka.new_cluster_id() == "AAAAAAAAAAAAAAAAAAAABQ"
