@@ -16,8 +16,8 @@ One scenario, in order, because each step builds on the lake of the one before:
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -29,6 +29,7 @@ import yaml
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.ingest import IngestJob
 from cdc_platform.testbed import Record, Stack, consume_all
+from tests.testbed.streaming import Running
 
 PREFIX = "e2e_pg"
 CUSTOMERS = "e2e_customers"
@@ -42,6 +43,7 @@ DDL = [
     f"""create table {CUSTOMERS} (id int primary key, name text not null, balance numeric(12,2), opened date,
         seen timestamptz, local_seen timestamp, active boolean, doc jsonb, ref uuid, bin_data bytea, note text)""",
     f"create table {ORDERS} (id bigint primary key, customer_id int, amount numeric(10,2), status e2e_status, placed timestamptz)",
+    f"alter table {ORDERS} replica identity full",  # whole before images; customers keeps the default (the key only)
 ]
 CUSTOMER_COLS = "id, name, balance, opened, seen, local_seen, active, doc, ref, bin_data, note"
 INSERT_CUSTOMER = f"insert into {CUSTOMERS} ({CUSTOMER_COLS}) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -72,6 +74,10 @@ WORKLOAD_1 = [
 WORKLOAD_2 = [
     [(INSERT_CUSTOMER, customer(6)), (f"update {ORDERS} set amount = amount + 1 where id = %s", (1,))],
     [(f"delete from {CUSTOMERS} where id = %s", (1,)), (INSERT_ORDER, (4, 6, Decimal("99.99"), "new", T0 + dt.timedelta(days=1)))],
+    # Schema changes mid-stream: a column added, and a decimal widened past what the lake's column holds.
+    [(f"alter table {CUSTOMERS} add column loyalty int", ()), (f"update {CUSTOMERS} set loyalty = 7 where id = %s", (6,))],
+    [(f"alter table {ORDERS} alter column amount type numeric(14,2)", ()),
+     (INSERT_ORDER, (5, 6, Decimal("123456789012.34"), "paid", T0)), (f"update {ORDERS} set amount = amount * 10000000 where id = %s", (4,))],
 ]
 
 
@@ -93,6 +99,11 @@ def source_rows(bed: Stack, table: str) -> list[tuple[Any, ...]]:
         return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in conn.execute(sql).fetchall()]
 
 
+def source_select(bed: Stack, sql: str) -> list[tuple[Any, ...]]:
+    with bed.postgres.connect() as conn:
+        return [tuple(row) for row in conn.execute(sql).fetchall()]
+
+
 def lake_rows(query: Callable[..., list[dict[str, Any]]], cfg: PlatformConfig, table: str) -> list[tuple[Any, ...]]:
     if table == CUSTOMERS:
         sql = (f"select id, name, balance, opened, unix_micros(seen), unix_micros(local_seen), active, doc, ref, bin_data, note "
@@ -111,33 +122,6 @@ def ends(records: list[Record]) -> int:
     return sum(1 for r in records if r.topic == f"{PREFIX}.transaction" and r.json_value()["payload"]["status"] == "END")
 
 
-class Running:
-    """`IngestJob` streaming in this process (what `cdc stream` does), with a wait for a lake condition."""
-
-    def __init__(self, spark: Any, cfg: PlatformConfig) -> None:
-        self.job = IngestJob(cfg)
-        self.query = self.job.start(spark, available_now=False, interval="1 second")
-
-    def wait(self, what: str, condition: Callable[[], bool], timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.job._failure is not None:
-                raise self.job._failure
-            assert self.query.isActive, f"the stream stopped: {self.query.exception()}"
-            if condition():
-                return
-            assert time.monotonic() < deadline, f"{what}: not reached after {timeout:.0f} s"
-            time.sleep(2.0)
-
-    def stop(self) -> None:
-        self.job.stop_after_batch(self.query)  # `query.stop()` alone interrupts a batch in flight (CI saw it)
-        parser = getattr(self.job, "parser", None)  # the driver-side parser pool is gone since parsing moved onto the executors
-        if parser is not None:
-            parser.close()
-        if self.job._failure is not None:
-            raise self.job._failure
-
-
 def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spark: Any, tmp_path: Path, query) -> None:  # noqa: ANN001
     bed = testbed
     with bed.postgres.connect() as conn:
@@ -146,7 +130,8 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
     run(bed, [(INSERT_CUSTOMER, customer(i)) for i in (1, 2, 3)])  # read by the snapshot
     # FOR ALL TABLES (needs the superuser), so a table created later is published too; the include list is a regex.
     connector = bed.postgres_connector(PREFIX, [r"public\.e2e_.*"], publication_autocreate_mode="all_tables",
-                                       database_user="postgres", database_password="postgres")
+                                       database_user="postgres", database_password="postgres",
+                                       skipped_operations="none")  # Debezium skips truncates unless told otherwise
     bed.connect.register(PREFIX, connector)
     doc = {
         "lake": "lake",
@@ -203,16 +188,25 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
 
         # 3. Restart on the same checkpoint; more transactions, some while it was down.
         run(bed, WORKLOAD_2[0])
+        cfg = load_config(tmp_path / "cdc.yaml")  # as `cdc stream` does at its start: the late table is configured now
         stream = Running(spark, cfg)
         try:
-            run(bed, WORKLOAD_2[1])
+            for tx in WORKLOAD_2[1:]:
+                run(bed, tx)
             expected_txs = first_txs + len(WORKLOAD_2)
             stream.wait("the lake catches up after the restart", lambda: matches() and tx_count() >= expected_txs)
+            # The added column, value for value (NULL where no change has carried it since), and the late table truncated.
+            loyalty = f"select id, loyalty from {CUSTOMERS}"
+            assert [tuple(r.values()) for r in query(cfg, loyalty + "__full_view order by id")] == source_select(bed, loyalty + " order by id")
+            assert [r[0] for r in source_select(bed, f"select id from {ORDERS} where amount > 99999999.99 order by id")] == [4, 5], "past numeric(10,2)"
+            run(bed, [(f"truncate {LATE}", ()), (f"insert into {LATE} values (%s, %s)", (3, "after truncate"))])
+            stream.wait("the truncate reaches the late table", lambda: late_rows() == [(3, "after truncate")])
         finally:
             stream.stop()
+        expected_txs += 1
 
         # Not a comparison of two empty tables: snapshot rows, updates, deletes, the key change and NULLs are in.
-        assert [r[0] for r in source_rows(bed, CUSTOMERS)] == [4, 5, 6, 50] and [r[0] for r in source_rows(bed, ORDERS)] == [1, 3, 4]
+        assert [r[0] for r in source_rows(bed, CUSTOMERS)] == [4, 5, 6, 50] and [r[0] for r in source_rows(bed, ORDERS)] == [1, 3, 4, 5]
         assert source_rows(bed, CUSTOMERS)[1][2:10] == (None,) * 8
 
         records = all_records(bed)
@@ -239,6 +233,12 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
             assert t["event_count"] == end["event_count"]
             assert dict(t["events_per_table"]) == {c["data_collection"]: c["event_count"] for c in end["data_collections"]}
         assert query(cfg, "select count(*) as n from incomplete_transactions")[0]["n"] == 0
+        # REPLICA IDENTITY FULL (orders) sends whole before images, the default (customers) the key alone; both land.
+        befores = {r["table_id"]: json.loads(r["before"]) for r in query(cfg, "select table_id, before from raw_change_events where op = 'd'")
+                   if r["table_id"] in (f"public.{CUSTOMERS}", f"public.{ORDERS}")}
+        assert befores[f"public.{ORDERS}"]["status"] == "new" and befores[f"public.{ORDERS}"]["amount"] is not None
+        # (Debezium fills a NOT NULL column it was not sent with its type's default, `name` = ''; a nullable one stays null.)
+        assert befores[f"public.{CUSTOMERS}"]["id"] is not None and befores[f"public.{CUSTOMERS}"]["balance"] is None
         assert query(cfg, "select reason_code, reason from dead_letter") == []
 
         # 4. A lost checkpoint: everything is read again, nothing lands twice.
