@@ -14,8 +14,9 @@ Normalisation choices worth knowing:
   `tx_total_order` only. `position_kind` records which rule applied.
 * PostgreSQL transaction ids `<txId>:<lsn>` normalise to `<txId>`: the LSN part differs between the
   events and markers of one transaction. MySQL GTIDs (`<uuid>:<n>`) are left whole.
-* The event identity hashes the whole envelope except its `ts_ms`, because a connector restart
-  re-emits the same change with a new `ts_ms`; everything else about it is unchanged.
+* The event identity hashes the whole envelope except the times the connector processed it (`ts_ms`,
+  and Debezium 2.x+'s `ts_us` and `ts_ns`), because a connector restart re-emits the same change with
+  new ones; everything else about it is unchanged (the source's own times, `source.ts_*`, stay in).
 * Numbers keep every digit. A JSON number that a 64-bit float holds exactly (its shortest float text
   has the same value) is read as a float; any other (a `DECIMAL(40,3)` written as a JSON number by
   `decimal.format=NUMERIC`, say) is read as `decimal.Decimal` and written back as its own digits, so
@@ -301,6 +302,12 @@ def _as_int(value: Any, field: str) -> int | None:
     return number
 
 
+#: Envelope fields a redelivery changes: when the connector processed the event, not what happened.
+#: `ts_us`/`ts_ns` came with Debezium 2.x; left in the identity, a connector's replay after a crash
+#: landed every replayed change twice (found by the test bed's fault test, Debezium 3.5).
+_PROCESSING_TIMES = ("ts_ms", "ts_us", "ts_ns")
+
+
 def _as_ts_ms(value: Any, field: str) -> int | None:
     """Epoch milliseconds that a date and a microsecond timestamp can hold (Python, Arrow, Delta)."""
     if type(value) is int and MIN_TS_MS <= value <= MAX_TS_MS:  # nearly every call (the range is within int64)
@@ -520,7 +527,8 @@ def _parse_change(
     # envelope as the stdlib would, it writes every part of it (key values, row images) that way too,
     # since `_fast_dumps`'s output check looks only at single number tokens. Those parts then skip it.
     identity = dict(env)
-    identity.pop("ts_ms", None)
+    for processed_at in _PROCESSING_TIMES:
+        identity.pop(processed_at, None)
     identity_utf8 = _fast_dumps_utf8(identity, _ORJSON_SORTED)  # None: the stdlib writes it, further down
     plain = _orjson is not None and identity_utf8 is not None
 

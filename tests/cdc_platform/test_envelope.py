@@ -91,12 +91,19 @@ def test_schema_payload_wrapper_is_unwrapped_and_its_schema_kept(peer_files: dic
         assert wrapped[column] == plain[column], column
 
 
-def test_identity_ignores_envelope_ts_ms_only() -> None:
+def test_identity_ignores_only_when_the_connector_processed_the_event() -> None:
     a = parse_line(json.dumps(change()), "f", KEYS)
     restarted = parse_line(json.dumps(change(ts_ms=1767225699999)), "g", KEYS)
     other = parse_line(json.dumps(change(after={"id": 1, "email": "b@example.com"})), "f", KEYS)
     assert a["event_id"] == restarted["event_id"]
     assert a["event_id"] != other["event_id"]
+    # Debezium 2.x+ also sends ts_us and ts_ns; a replay after a connector crash changes all three.
+    modern = change(ts_us=1767225600123456, ts_ns=1767225600123456789)
+    replayed = change(ts_ms=1767225699999, ts_us=1767225699999001, ts_ns=1767225699999001002)
+    assert parse_line(json.dumps(modern), "f", KEYS)["event_id"] == parse_line(json.dumps(replayed), "g", KEYS)["event_id"]
+    # ... while the source's own times are what happened: a different commit time is a different event.
+    later = change(source={**change()["source"], "ts_us": 1767225600000001})
+    assert parse_line(json.dumps(later), "f", KEYS)["event_id"] != a["event_id"]
 
 
 def test_mysql_binlog_position_orders_across_files() -> None:
