@@ -268,3 +268,15 @@ def test_a_kafka_lake_has_no_landing_sensor(tmp_path: Path) -> None:
                       "tables:\n  payments.customers: {key: [id]}\n", encoding="utf-8")
     names = {s.name for s in build_defs(config).sensors}
     assert "new_landing_files" not in names and {"stream_batches", "unconfigured_source_tables"} <= names
+
+
+def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run is one process whose JVM ends with it: the resource asks for the quick JIT tier (session.SHORT_LIVED_JVM)."""
+    from cdc_platform import session
+    from dagster_project.resources import CdcResource
+
+    asked: dict[str, Any] = {}
+    monkeypatch.setattr(session, "get_spark", lambda app_name, master=None, conf=None: asked.update(app=app_name, conf=conf))
+    CdcResource(config_path=str(generate_workload(tmp_path / "w", transactions=5).config_path)).spark()
+    assert asked["conf"] == session.SHORT_LIVED_JVM
+    assert "-XX:TieredStopAtLevel=1" in session.SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
