@@ -263,6 +263,10 @@ FROM `__bounded` WHERE `__first_cut` = 1 AND NOT `_deleted`
 """
 
 
+FULL_SUFFIX = "__full_view"
+CLEAN_SUFFIX = "__clean_view"
+
+
 def latest_state_views(
     table: TableConfig, columns: Mapping[str, bool], stored: str, salt: bytes | None, *, pending: bool = True, truncates: bool = True
 ) -> list[tuple[str, str]]:
@@ -271,12 +275,12 @@ def latest_state_views(
     `columns` maps source column names to whether the column is binary (binary columns hash their bytes).
     """
     names = list(columns)
-    full = f"{table.name}__full_view"
+    full = f"{table.name}{FULL_SUFFIX}"
     typed = [(c, bool(binary)) for c, binary in columns.items()]
     return [
         (table.name, latest_state_sql(stored, names, table.key, pending=pending, truncates=truncates)),
         (full, full_view_sql(table.name, names)),
-        (f"{table.name}__clean_view", clean_view_sql(full, typed, table.mask, table.mask_mode, salt)),
+        (f"{table.name}{CLEAN_SUFFIX}", clean_view_sql(full, typed, table.mask, table.mask_mode, salt)),
     ]
 
 
@@ -473,6 +477,25 @@ def live_rows(spark: SparkSession, lake_dir: Path, names: Collection[str]) -> di
         return {}
     union = " UNION ALL ".join(f"SELECT {sql_string(n)} AS name, count(*) AS n FROM {lake.quote_identifier(n + '__full_view')}" for n in present)
     return {r["name"]: int(r["n"]) for r in spark.sql(union).collect()}
+
+
+def rows_of(view: str) -> str:
+    """The view whose rows `view` shows: a clean view's are its full view's (it masks or drops columns,
+    never rows), so one count serves both; any other view is its own."""
+    if view.endswith(CLEAN_SUFFIX):
+        return view[: -len(CLEAN_SUFFIX)] + FULL_SUFFIX
+    return view
+
+
+def count_views(spark: SparkSession, names: Collection[str]) -> dict[str, int]:
+    """Rows of each registered view in `names`, in one query that counts each distinct row set once
+    (`rows_of`): a full and a clean view fold their table once between them, not twice."""
+    sources = sorted({rows_of(n) for n in names})
+    if not sources:
+        return {}
+    union = " UNION ALL ".join(f"SELECT {sql_string(v)} AS view, count(*) AS n FROM {lake.quote_identifier(v)}" for v in sources)
+    counts = {r["view"]: int(r["n"]) for r in spark.sql(union).collect()}
+    return {n: counts[rows_of(n)] for n in names}
 
 
 def register_consistent_views(spark: SparkSession, lake_dir: Path) -> list[str]:

@@ -27,7 +27,6 @@ from dagster import (
 from cdc_platform import backfill, checks, maintenance
 from cdc_platform.config import PlatformConfig
 from cdc_platform.lake import quote_identifier
-from cdc_platform.lake_spark import sql_string
 from cdc_platform.ingest import IngestJob
 from dagster_project import metadata as md
 from dagster_project.resources import CdcResource
@@ -166,13 +165,12 @@ def build_view_assets(config: PlatformConfig) -> list:  # type: ignore[type-arg]
 
     @multi_asset(name="cdc_views", specs=specs, can_subset=True, description="Registers the lake's views once and counts each selected one.")
     def cdc_views(context, cdc: CdcResource) -> Iterator[MaterializeResult]:  # type: ignore[no-untyped-def]
-        from cdc_platform.views import register_lake, view_text
+        from cdc_platform.views import count_views, register_lake, view_text
 
         spark = cdc.spark()
         register_lake(spark, cdc.lake)
         selected = sorted(key.path[-1] for key in context.selected_asset_keys)
-        counts = {r["view"]: int(r["n"]) for r in spark.sql(" UNION ALL ".join(  # one job for every count
-            f"SELECT {sql_string(v)} AS view, count(*) AS n FROM {quote_identifier(v)}" for v in selected)).collect()}
+        counts = count_views(spark, selected)  # one query; a table's full and clean views share one count
         for view in selected:
             key, frame, rows = AssetKey(view), spark.table(quote_identifier(view)), counts[view]
             yield MaterializeResult(asset_key=key, metadata={

@@ -164,3 +164,15 @@ def test_a_point_lookup_reads_only_its_key(make_config, query, spark) -> None:
     folded = [s for s in scans if "IsNull(id)" not in s]  # the truncate check reads markers, whose key is null
     assert folded and all("EqualTo(id,1)" in s for s in folded), plan
     assert query(cfg, "SELECT id, city FROM people__full_view WHERE id = 1") == [{"id": 1, "city": "Utrecht"}]
+
+
+def test_view_counts_count_a_full_and_its_clean_view_once(make_config, query, spark) -> None:
+    cfg = make_config({PEOPLE: {"key": ["id"], "mask": ["email"]}})
+    Feed(cfg)([*people(), ev("d", pos=20, table="people", before={"id": 1})])
+    query(cfg, "SELECT 1")
+    names = ["people__full_view", "people__clean_view", "people"]
+    expected = {n: spark.table(f"`{n}`").count() for n in names}
+    assert expected["people__full_view"] == 2 and expected["people"] == 3  # the folded table keeps the tombstone
+    assert views.count_views(spark, names) == expected
+    assert views.rows_of("people__clean_view") == "people__full_view" and views.rows_of("people") == "people"
+    assert views.count_views(spark, []) == {}

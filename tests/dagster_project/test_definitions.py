@@ -308,3 +308,15 @@ def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path
     assert not result.passed and result.description == f"{names[0]}: 1 missing in lake"
     assert result.metadata["missing_in_lake"].value == 1
     assert seen == [(names[0], "postgresql://reader@127.0.0.1:5432/app")]
+
+
+def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run is one process whose JVM ends with it: the resource asks for the quick JIT tier (session.SHORT_LIVED_JVM)."""
+    from cdc_platform import session
+    from dagster_project.resources import CdcResource
+
+    asked: dict[str, Any] = {}
+    monkeypatch.setattr(session, "get_spark", lambda app_name, master=None, conf=None: asked.update(app=app_name, conf=conf))
+    CdcResource(config_path=str(generate_workload(tmp_path / "w", transactions=5).config_path)).spark()
+    assert asked["conf"] == session.SHORT_LIVED_JVM
+    assert "-XX:TieredStopAtLevel=1" in session.SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
