@@ -104,10 +104,11 @@ class Service:
                 raise TestbedError(f"test bed: {self.name} not ready after {timeout:.0f} s ({what}){detail} (log: {self.log})")
             time.sleep(0.2)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 20.0, *, kill: bool = False) -> None:
+        """Stop politely (the service's own stop signal), or with `kill` as a crash would: SIGKILL, nothing flushed."""
         if self.pid is None:
             return
-        stop_group(self.pid, self.stop_signal, timeout, reap=self._reap)
+        stop_group(self.pid, signal.SIGKILL if kill else self.stop_signal, timeout, reap=self._reap)
         self._reap()
 
     def state(self) -> dict[str, Any]:

@@ -105,15 +105,16 @@ class Stack:
         self.timings["connect"] = time.monotonic() - t
 
     # -- faults ------------------------------------------------------------------------------------------
-    def restart(self, service: str, timeout: float = 120.0) -> float:
-        """Stop one service (its whole process group, politely) and start it again on the same port with
-        the same data; returns the seconds it took. `service`: "connect", "broker", "postgres", "mariadb".
+    def restart(self, service: str, timeout: float = 120.0, *, kill: bool = False) -> float:
+        """Stop one service (its whole process group, politely, or with `kill` by SIGKILL as a crash would)
+        and start it again on the same port with the same data; returns the seconds it took. `service`:
+        "connect", "broker", "postgres", "mariadb".
         Connect's connectors come back by themselves (distributed mode keeps configs and offsets in Kafka).
         Call from the thread that started the bed (the parent-death signal follows that thread)."""
         part = {"connect": self.connect, "broker": self.broker, "postgres": self.postgres, "mariadb": self.mariadb}[service]
         assert part.service is not None
         t = time.monotonic()
-        part.service.stop()
+        part.service.stop(kill=kill)
         part.launch(self._die_with_parent)
         part.wait_ready(timeout)
         return time.monotonic() - t
