@@ -11,6 +11,14 @@ includes the poll interval, which is printed with the figures.
     .venv/bin/python benchmarks/freshness.py                        # 2,000 events/s for 60 s
     .venv/bin/python benchmarks/freshness.py --rate 500 --seconds 30 --trigger-interval '2 seconds'
 
+`--through stack` measures the real path instead (issue 11): a writer commits row changes to
+PostgreSQL at the rate (transactions of `--tx-rows` rows, half inserts, half updates), Debezium's
+connector publishes them to Kafka, and `cdc stream` (`source: kafka`) lands them; latency is the
+source commit time Debezium reports (`source.ts_ms`, the lake's `_source_ts`) to the row being seen.
+It starts the test bed (`cdc_platform.testbed`) itself and stops it at the end.
+
+    .venv/bin/python benchmarks/freshness.py --through stack        # 2,000 row changes/s for 60 s
+
 Needs cdc_platform/latest_state/ (issue 3); without it there is no latest-state table to watch.
 """
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -26,6 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import (
     OUT,
@@ -99,8 +109,92 @@ class Feeder(threading.Thread):
         self.finished_at = time.time()
 
 
+class Poller:
+    """Reads the latest-state tables as every reader does and notes when each event's row first shows up."""
+
+    def __init__(self, spark: Any, paths: list[Path]) -> None:
+        self.spark, self.paths = spark, paths
+        self.seen: dict[str, float] = {}  # _event_id -> latency in seconds
+        self.first_seen_wall: dict[str, float] = {}
+        self.watermark = 0  # newest _source_ts (µs) seen, minus a margin, to keep each poll small
+
+    def poll(self) -> int:
+        from pyspark.sql import functions as F
+
+        from cdc_platform import lake, lake_spark
+
+        frames = [lake_spark.read(self.spark, p).select("_event_id", "_source_ts") for p in self.paths if lake.exists(p)]
+        if not frames:
+            return 0
+        observed = time.time()
+        df = frames[0]
+        for other in frames[1:]:
+            df = df.unionByName(other)
+        since = self.watermark - 30_000_000
+        rows = df.where(F.col("_source_ts") >= F.timestamp_micros(F.lit(since))).toArrow()
+        new = 0
+        for event_id, ts in zip(rows.column("_event_id").to_pylist(), rows.column("_source_ts").cast("int64").to_pylist()):
+            if event_id is None or ts is None or event_id in self.seen:
+                continue
+            self.seen[event_id] = observed - ts / 1e6
+            self.first_seen_wall[event_id] = observed
+            self.watermark = max(self.watermark, ts)
+            new += 1
+        return new
+
+    def drain(self, alive: Any, interval: float, quiet: float = 15.0, limit: float = 120.0) -> None:
+        """Poll until nothing new shows up for `quiet` seconds (or `limit`, or the stream exits)."""
+        deadline, last_new = time.perf_counter() + limit, time.perf_counter()
+        while time.perf_counter() < deadline and alive():
+            if self.poll():
+                last_new = time.perf_counter()
+            elif time.perf_counter() - last_new > quiet:
+                break
+            time.sleep(interval)
+
+
+def report(poller: Poller, warm_ids: set[str], started_at: float, warmup: float, metrics_path: Path, out: dict[str, Any]) -> None:
+    """Latency percentiles, all and steady state (events sourced `warmup` s after the feed began)."""
+    from cdc_platform import lake
+
+    measured = {k: v for k, v in poller.seen.items() if k not in warm_ids}
+    steady = [v for k, v in measured.items() if poller.first_seen_wall[k] - v >= started_at + warmup]
+    lat = list(measured.values())
+    metrics = lake.open_table(metrics_path).to_pyarrow_table().to_pylist()
+    batch_s = [(m["finished_at"] - m["started_at"]).total_seconds() for m in metrics]
+    say(f"rows seen in latest-state tables: {len(lat):,} events (the rest were superseded by a later change to the same key before a poll, "
+        f"or dead-lettered); stream batches: {len(metrics)}, foreachBatch seconds p50 {percentile(batch_s, 50):.2f} / max {max(batch_s, default=0):.2f}")
+    say(f"latency all:          p50 {percentile(lat, 50):.2f} s  p90 {percentile(lat, 90):.2f} s  p99 {percentile(lat, 99):.2f} s  max {max(lat, default=float('nan')):.2f} s")
+    say(f"latency steady state: p50 {percentile(steady, 50):.2f} s  p90 {percentile(steady, 90):.2f} s  p99 {percentile(steady, 99):.2f} s  "
+        f"(events sourced >= {warmup:.0f} s after feeding began; n={len(steady):,})  target p99 <= 5 s  [{load_average()}]")
+    out |= {"rows_seen": len(lat), "p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
+            "steady_p50": percentile(steady, 50), "steady_p90": percentile(steady, 90), "steady_p99": percentile(steady, 99), "load": load_average()}
+
+
+def start_stream(config_path: Path, run_dir: Path, trigger_interval: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    with (run_dir / "stream.log").open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc_platform", "stream", "--config", str(config_path), "--trigger-interval", trigger_interval],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=run_dir,
+        )
+
+
+def stop_stream(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--through", choices=("files", "stack"), default="files",
+                        help="files: landing files stamped as they land (default); stack: PostgreSQL -> Debezium -> Kafka -> cdc stream")
+    parser.add_argument("--tx-rows", type=int, default=100, help="--through stack: row changes per source transaction (default 100)")
     parser.add_argument("--rate", type=float, default=2000.0, help="change events per second (default 2,000)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the feeder runs (default 60)")
     parser.add_argument("--trigger-interval", default="1 second", help="cdc stream --trigger-interval (default '1 second')")
@@ -110,10 +204,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=13)
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds at the start left out of the steady-state figures")
     args = parser.parse_args()
+    if args.through == "stack":
+        return through_stack(args)
 
-    from pyspark.sql import functions as F
-
-    from cdc_platform import lake, lake_spark
     from cdc_platform.config import load_config
     from cdc_platform.ingest import IngestJob
     from cdc_platform.session import get_spark
@@ -130,40 +223,8 @@ def main() -> int:
     say(f"stages: {', '.join(type(s).__name__ for s in IngestJob(config).stages) or 'none'}; watching {', '.join(t.name for t in config.tables)}")
 
     spark = get_spark("cdc-benchmark-freshness")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    log = (run_dir / "stream.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cdc_platform", "stream", "--config", str(config_path), "--trigger-interval", args.trigger_interval],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=run_dir,
-    )
-    seen: dict[str, float] = {}  # _event_id -> latency in seconds
-    first_seen_wall: dict[str, float] = {}
-    watermark = [0]  # newest _source_ts (µs) seen, minus a margin, to keep each poll small
-
-    def poll() -> int:
-        frames = []
-        for table in config.tables:
-            path = config.lake / table.name
-            if lake.exists(path):
-                frames.append(lake_spark.read(spark, path).select("_event_id", "_source_ts"))
-        if not frames:
-            return 0
-        observed = time.time()
-        df = frames[0]
-        for other in frames[1:]:
-            df = df.unionByName(other)
-        since = watermark[0] - 30_000_000
-        rows = df.where(F.col("_source_ts") >= F.timestamp_micros(F.lit(since))).toArrow()
-        new = 0
-        for event_id, ts in zip(rows.column("_event_id").to_pylist(), rows.column("_source_ts").cast("int64").to_pylist()):
-            if event_id is None or ts is None or event_id in seen:
-                continue
-            seen[event_id] = observed - ts / 1e6
-            first_seen_wall[event_id] = observed
-            watermark[0] = max(watermark[0], ts)
-            new += 1
-        return new
-
+    proc = start_stream(config_path, run_dir, args.trigger_interval)
+    poller = Poller(spark, [config.lake / t.name for t in config.tables])
     try:
         # Warm-up: wait until the stream is up and a first file is visible, so start-up is not measured.
         t0 = time.perf_counter()
@@ -171,58 +232,138 @@ def main() -> int:
         warm.files = warm.files[:4]
         warm.run()
         while time.perf_counter() - t0 < 180 and proc.poll() is None:
-            if poll():
+            if poller.poll():
                 break
             time.sleep(1.0)
-        if proc.poll() is not None or not seen:
+        if proc.poll() is not None or not poller.seen:
             say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
             return 1
-        warm_ids = set(seen)
+        warm_ids = set(poller.seen)
         say(f"stream up and first rows visible after {time.perf_counter() - t0:.1f} s; feeding ...  [{load_average()}]")
         feeder = Feeder(w.landing, run_dir / "landing", args.rate, args.seconds)
         feeder.files = feeder.files[4:]
         feeder.start()
         while feeder.is_alive():
-            poll()
+            poller.poll()
             time.sleep(args.poll)
         say(f"feeder done: {feeder.events_written:,} change events ({feeder.lines_written:,} lines, {feeder.files_written} files) "
             f"in {feeder.finished_at - feeder.started_at:.1f} s = {feeder.events_written / (feeder.finished_at - feeder.started_at):,.0f} events/s; "
             f"at most {feeder.behind_max:.1f} s behind schedule  [{load_average()}]")
-        drain_deadline = time.perf_counter() + 120
-        last_new = time.perf_counter()
-        while time.perf_counter() < drain_deadline and proc.poll() is None:
-            if poll():
-                last_new = time.perf_counter()
-            elif time.perf_counter() - last_new > 15:
-                break
-            time.sleep(args.poll)
+        poller.drain(lambda: proc.poll() is None, args.poll)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+        stop_stream(proc)
 
-    measured = {k: v for k, v in seen.items() if k not in warm_ids}
-    steady_from = feeder.started_at + args.warmup
-    steady = [v for k, v in measured.items() if first_seen_wall[k] - v >= steady_from]
-    lat = list(measured.values())
-    metrics = lake.open_table(config.lake / "pipeline_metrics").to_pyarrow_table().to_pylist()
-    batch_s = [(m["finished_at"] - m["started_at"]).total_seconds() for m in metrics]
-    say(f"rows seen in latest-state tables: {len(lat):,} events (the rest were superseded by a later change to the same key before a poll, "
-        f"or dead-lettered); stream batches: {len(metrics)}, foreachBatch seconds p50 {percentile(batch_s, 50):.2f} / max {max(batch_s, default=0):.2f}")
-    say(f"latency all:          p50 {percentile(lat, 50):.2f} s  p90 {percentile(lat, 90):.2f} s  p99 {percentile(lat, 99):.2f} s  max {max(lat, default=float('nan')):.2f} s")
-    say(f"latency steady state: p50 {percentile(steady, 50):.2f} s  p90 {percentile(steady, 90):.2f} s  p99 {percentile(steady, 99):.2f} s  "
-        f"(events sourced >= {args.warmup:.0f} s after feeding began; n={len(steady):,})  target p99 <= 5 s  [{load_average()}]")
-    (OUT / "freshness.json").write_text(json.dumps({
-        "rate": args.rate, "seconds": args.seconds, "trigger_interval": args.trigger_interval, "poll": args.poll,
-        "events_written": feeder.events_written, "rows_seen": len(lat),
-        "p50": percentile(lat, 50), "p99": percentile(lat, 99), "steady_p50": percentile(steady, 50), "steady_p99": percentile(steady, 99),
-        "load": load_average(),
-    }, indent=2), encoding="utf-8")
+    out: dict[str, Any] = {"through": "files", "rate": args.rate, "seconds": args.seconds, "trigger_interval": args.trigger_interval,
+                           "poll": args.poll, "events_written": feeder.events_written}
+    report(poller, warm_ids, feeder.started_at, args.warmup, config.lake / "pipeline_metrics", out)
+    (OUT / "freshness.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
+    return 0
+
+
+class SourceWriter(threading.Thread):
+    """Commits row changes to PostgreSQL at `rate` per second, `tx_rows` per transaction: half inserts of
+    new ids, half updates of ids already written (so the stream also folds, not only appends)."""
+
+    def __init__(self, bed: Any, table: str, rate: float, seconds: float, tx_rows: int) -> None:
+        super().__init__(daemon=True)
+        self.bed, self.table, self.rate, self.seconds, self.tx_rows = bed, table, rate, seconds, tx_rows
+        self.changes = 0
+        self.transactions = 0
+        self.started_at = 0.0
+        self.finished_at = 0.0
+        self.behind_max = 0.0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.bed.postgres.connect(autocommit=False) as conn:
+                self.started_at = time.time()
+                t0 = time.perf_counter()
+                next_id = 1
+                rng = random.Random(7)
+                while time.perf_counter() - t0 < self.seconds:
+                    elapsed = time.perf_counter() - t0
+                    due = self.changes / self.rate
+                    if due > elapsed:
+                        time.sleep(due - elapsed)
+                    else:
+                        self.behind_max = max(self.behind_max, elapsed - due)
+                    inserts = self.tx_rows - self.tx_rows // 2 if next_id > self.tx_rows else self.tx_rows
+                    with conn.cursor() as cur:
+                        cur.executemany(f"insert into {self.table} values (%s, 0, now())", [(next_id + i,) for i in range(inserts)])
+                        updates = self.tx_rows - inserts
+                        if updates:
+                            ids = rng.sample(range(1, next_id), min(updates, next_id - 1))
+                            cur.execute(f"update {self.table} set v = v + 1, at = now() where id = any(%s)", (ids,))
+                    conn.commit()
+                    next_id += inserts
+                    self.changes += self.tx_rows
+                    self.transactions += 1
+                self.finished_at = time.time()
+        except BaseException as exc:  # noqa: BLE001 - reported by the benchmark
+            self.error = exc
+
+
+def through_stack(args: argparse.Namespace) -> int:
+    """Source commit -> visible in the lake, through PostgreSQL, Debezium, Kafka and `cdc stream`."""
+    import yaml
+
+    from cdc_platform.config import load_config
+    from cdc_platform.session import get_spark
+    from cdc_platform.testbed import Stack
+
+    banner(f"freshness through the stack: {args.rate:,.0f} row changes/s for {args.seconds:.0f} s in transactions of {args.tx_rows}, "
+           f"trigger {args.trigger_interval!r}, poll {args.poll} s")
+    run_dir = fresh_dir(OUT / "freshness_stack")
+    t0 = time.perf_counter()
+    bed = Stack.start(run_dir / "bed")
+    say(f"test bed up in {time.perf_counter() - t0:.1f} s  [{load_average()}]")
+    table, prefix = "fresh_rows", "fresh"
+    proc = None
+    try:
+        with bed.postgres.connect() as conn:
+            conn.execute(f"create table {table} (id bigint primary key, v bigint, at timestamptz)")
+            conn.execute(f"insert into {table} values (0, 0, now())")
+        connector = bed.postgres_connector(prefix, [f"public.{table}"])
+        bed.connect.register(prefix, connector)
+        bed.wait_streaming(connector)
+        config_path = run_dir / "cdc.yaml"
+        config_path.write_text(yaml.safe_dump({
+            "lake": "lake", "source": {"kind": "kafka", "bootstrap_servers": bed.broker.bootstrap, "subscribe_pattern": rf"{prefix}\..*",
+                                       "max_offsets_per_trigger": 1_000_000},
+            "tables": {f"public.{table}": {"key": ["id"]}},
+        }), encoding="utf-8")
+        config = load_config(config_path)
+        spark = get_spark("cdc-benchmark-freshness")
+        proc = start_stream(config_path, run_dir, args.trigger_interval)
+        poller = Poller(spark, [config.lake / table])
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 240 and proc.poll() is None and not poller.poll():  # the snapshot row: the stream is up
+            time.sleep(1.0)
+        if proc.poll() is not None or not poller.seen:
+            say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
+            return 1
+        warm_ids = set(poller.seen)
+        say(f"stream up and the snapshot row visible after {time.perf_counter() - t0:.1f} s; writing ...  [{load_average()}]")
+        writer = SourceWriter(bed, table, args.rate, args.seconds, args.tx_rows)
+        writer.start()
+        while writer.is_alive():
+            poller.poll()
+            time.sleep(args.poll)
+        if writer.error is not None:
+            raise writer.error
+        took = writer.finished_at - writer.started_at
+        say(f"writer done: {writer.changes:,} row changes in {writer.transactions:,} transactions in {took:.1f} s = "
+            f"{writer.changes / took:,.0f} changes/s; at most {writer.behind_max:.1f} s behind schedule  [{load_average()}]")
+        poller.drain(lambda: proc is not None and proc.poll() is None, args.poll, limit=300)
+    finally:
+        if proc is not None:
+            stop_stream(proc)
+        bed.stop()
+    out: dict[str, Any] = {"through": "stack", "rate": args.rate, "seconds": args.seconds, "tx_rows": args.tx_rows,
+                           "trigger_interval": args.trigger_interval, "poll": args.poll, "changes_written": writer.changes}
+    report(poller, warm_ids, writer.started_at, args.warmup, config.lake / "pipeline_metrics", out)
+    (OUT / "freshness_stack.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
     return 0
 
 
