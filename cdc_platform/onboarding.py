@@ -48,16 +48,15 @@ def build_from_raw_log(config: PlatformConfig, tables: Sequence[TableConfig], pr
 
 @dataclass
 class ConfigWatch:
-    """Notices edits of the config file between micro-batches and returns the config with tables added.
-
-    The first poll reads the file whatever its text: the job's config may be older than the file (loaded
-    before an edit), and a table the file names but the job lacks is an addition all the same.
-    """
+    """Notices edits of the config file between micro-batches and returns the config with tables added."""
 
     config: PlatformConfig
     progress: Callable[[str], None]
     _text: str | None = None
     _said: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._text = self._read()
 
     def _read(self) -> str | None:
         path = self.config.source_file
