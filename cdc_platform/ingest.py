@@ -216,7 +216,6 @@ class IngestJob:
             (METRICS, schemas.PIPELINE_METRICS, []),
         ):
             lake_spark.ensure_table(spark, self.path(name), lake_spark.spark_schema(schema), partition_by)
-        build_from_raw_log(cfg, cfg.tables, self.progress)  # configured while the stream was stopped: its past is in the raw log
         for stage in self.stages:
             stage.setup(cfg)
         lake.write_registry(cfg)

@@ -4,9 +4,8 @@ micro-batch keeps its latest state, with nothing of its past lost.
 Every event of every source table lands in the raw log whether the table is configured or not (the
 `unconfigured_source_tables` sensor lists those that are not). So a table configured late already has
 its history in the lake: onboarding builds its latest state from the raw log first (`rebuild_table`,
-the same fold `cdc rebuild` runs) and then lets the stream apply every later batch to it. The same
-rule applies at a start: a configured table with no latest state yet, whose events the raw log holds
-(added while the stream was stopped), is built from the raw log before the first batch.
+the same fold `cdc rebuild` runs) and then lets the stream apply every later batch to it. A table
+configured while the stream was stopped is built by `cdc rebuild --table NAME` (the same fold).
 
 Only additions apply while the stream runs. A changed entry (another key, a new name) or a removed one
 changes what the lake already holds and is left for a restart with `cdc rebuild`; so are the other

@@ -110,17 +110,3 @@ def test_a_table_added_while_the_stream_runs_is_onboarded_with_its_past(spark: A
     assert live(query, cfg, "audits") == [{"id": 1, "note": "one v2"}, {"id": 3, "note": "three"}]
     assert query(cfg, "SELECT count(*) AS n FROM dead_letter") == [{"n": 0}]
     assert [t.name for t in job.config.tables] == ["customers", "audits"]
-
-
-def test_a_table_configured_while_the_stream_was_stopped_is_built_at_the_next_start(make_config, land, run_pipeline, query) -> None:  # noqa: ANN001
-    cfg = make_config(CUSTOMERS)
-    land("a.jsonl", [event("customers", 1), event("audits", 2, row_id=1, note="one"), event("audits", 3, "u", row_id=1, note=None),
-                     event("audits", 4, row_id=2, note="two")])
-    run_pipeline(cfg)
-    cfg = make_config(WITH_AUDITS)
-    report = run_pipeline(cfg)
-    assert report.total("rows_read") == 0, "nothing new landed: the state comes from the raw log"
-    assert live(query, cfg, "audits") == [{"id": 1, "note": None}, {"id": 2, "note": "two"}]
-    land("b.jsonl", [event("audits", 5, "d", row_id=1)])
-    run_pipeline(cfg)
-    assert live(query, cfg, "audits") == [{"id": 2, "note": "two"}]
