@@ -142,6 +142,13 @@ class Poller:
             new += 1
         return new
 
+    def wait_until_up(self, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+        """Poll until a first row shows up (the stream is up and landing), the stream exits, or `timeout`."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout and proc.poll() is None and not self.poll():
+            time.sleep(1.0)
+        return proc.poll() is None and bool(self.seen)
+
     def drain(self, alive: Any, interval: float, quiet: float = 15.0, limit: float = 120.0) -> None:
         """Poll until nothing new shows up for `quiet` seconds (or `limit`, or the stream exits)."""
         deadline, last_new = time.perf_counter() + limit, time.perf_counter()
@@ -231,11 +238,7 @@ def main() -> int:
         warm = Feeder(w.landing, run_dir / "landing", rate=1e9, seconds=1e9)
         warm.files = warm.files[:4]
         warm.run()
-        while time.perf_counter() - t0 < 180 and proc.poll() is None:
-            if poller.poll():
-                break
-            time.sleep(1.0)
-        if proc.poll() is not None or not poller.seen:
+        if not poller.wait_until_up(proc, 180):
             say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
             return 1
         warm_ids = set(poller.seen)
@@ -338,9 +341,7 @@ def through_stack(args: argparse.Namespace) -> int:
         proc = start_stream(config_path, run_dir, args.trigger_interval)
         poller = Poller(spark, [config.lake / table])
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 240 and proc.poll() is None and not poller.poll():  # the snapshot row: the stream is up
-            time.sleep(1.0)
-        if proc.poll() is not None or not poller.seen:
+        if not poller.wait_until_up(proc, 240):  # the snapshot row: the stream is up
             say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
             return 1
         warm_ids = set(poller.seen)
