@@ -1,8 +1,9 @@
 """Issue 11: what real connectors emit beyond row changes, and ties at one source position.
 
 Crafted lines in the shapes Debezium 3.5 was seen to emit on the test bed (see control_records.py and
-unavailable.py). Running the same cases through the real connector and Kafka is still to do (issue 11:
-that test, on branch e2e11, dies with a StackOverflowError in Spark's stream thread).
+unavailable.py). The real connectors emit them through Kafka in tests/testbed/test_connector_extras.py;
+the cases here are the ones a live connector cannot be made to produce on demand (every placeholder shape,
+ties, a placeholder after a delete).
 """
 
 from __future__ import annotations
