@@ -15,6 +15,7 @@ its family `pytest.mark.xfail(strict=True, reason=...)` so the marker fails once
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,8 +83,33 @@ def _e2e_case(group: str, index: int) -> TableCase:
     def collect(case: TableCase) -> None:
         found.append(case)
 
-    collect()
+    with _no_local_constants():
+        collect()
     return max(found, key=lambda c: len(c.events) * len(c.columns))
+
+
+@contextlib.contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Make the derandomized draw independent of which modules are loaded.
+
+    Hypothesis (>= 6.131) sometimes draws constants found in the source of every local module in
+    `sys.modules`, so the same derandomized test drew one table in a single-file run and another in the full
+    suite (or in whichever pytest-xdist worker ran it). Here that pool is held empty, so CI and a developer
+    draw the same tables. The hook is internal to Hypothesis: if it moves, the draw is merely less stable."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the module
+        yield
+        return
+    if not hasattr(providers, "_get_local_constants") or not hasattr(providers, "Constants"):  # pragma: no cover
+        yield
+        return
+    saved = providers._get_local_constants
+    providers._get_local_constants = providers.Constants  # an empty pool
+    try:
+        yield
+    finally:
+        providers._get_local_constants = saved
 
 
 @dataclass
