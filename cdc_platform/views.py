@@ -403,7 +403,9 @@ def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: by
     every event's row image is typed to it as the latest state types it, from the Connect schema the
     event carries (`connect_sql`): a Decimal sent as base64 bytes is the same decimal in both views.
     With `dead_letters` (the lake has a `dead_letter` table) events the latest-state stage dead-lettered
-    are left out, as they are of the full view.
+    are left out, as they are of the full view. A visible truncate hides every row whose position is
+    below it, as it tombstones them in the latest state. (The search for one is always planned: the
+    latest state's markers are purged after `tombstone_retention`, the raw log's rows are not.)
 
     The raw log keeps events as sent, Debezium's unavailable-value placeholder included (an update that
     left a TOAST value unchanged). A column holding it takes the event's `before` image when that has
@@ -445,6 +447,12 @@ def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: by
                  f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', {typed}) "
                  f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {CS.value_sql(kind, old, decl, 'r.before', name)}) END")
         values.append(f"last_value({known}, true) OVER ({earlier}).v AS {q(name)}")
+    visible = ("JOIN {wm} w ON coalesce(r.source_name, '') = w.source\n"
+               "    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {tx} GROUP BY transaction_id) t\n"
+               "      ON r.transaction_id = t.transaction_id").format(wm=q(T.WATERMARK), tx=q(T.TRANSACTIONS))
+    shown = "w.position IS NOT NULL AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END"
+    cut = (f"CROSS JOIN (SELECT max(r.position) AS position FROM {q(RAW)} r {visible}\n"
+           f"    WHERE r.table_id = {sql_string(table.source)} AND r.op = 't' AND {shown}) cut")
     dead = (f"\n    LEFT ANTI JOIN (SELECT event_id FROM {q(DEAD_LETTER)} WHERE stage = {sql_string(LS.STAGE)} AND event_id IS NOT NULL) x"
             "\n      ON r.event_id = x.event_id") if dead_letters else ""
     return f"""
@@ -460,13 +468,11 @@ SELECT {', '.join(outer)} FROM (
         FROM {q(RAW)} WHERE table_id = {sql_string(table.source)}
       )
     ) r
-    JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
-    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t
-      ON r.transaction_id = t.transaction_id{dead}
-    WHERE r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
-      AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
+    {visible}{dead}
+    WHERE r.key IS NOT NULL AND r.op <> 't' AND {shown}
   ) ranked
-  WHERE `__rank` = 1 AND `_op` <> 'd'
+  {cut}
+  WHERE `__rank` = 1 AND `_op` <> 'd' AND (cut.position IS NULL OR `_position` >= cut.position)
 ) latest
 """
 

@@ -190,6 +190,17 @@ def test_consistent_view_types_values_from_the_connect_schema_as_the_full_view_d
     assert dead == {"stage": "latest_state", "reason_code": "out_of_range"}
 
 
+def test_consistent_view_applies_a_truncate_as_the_full_view_does(make_config, land, run_pipeline, query) -> None:
+    """A TRUNCATE hides every row it came after, in the full view as in the consistent view (which once ignored it)."""
+    cfg = make_config({"shop.payments": {"key": ["id"]}})
+    land("shop.payments/part-1.jsonl", [payment("c", 10, 1, 100), payment("c", 11, 2, 200), ev("t", pos=12, table="payments"),
+                                        payment("c", 13, 3, 300), payment("u", 14, 1, 150)])
+    run_pipeline(cfg)
+    consistent = query(cfg, "SELECT * FROM payments__consistent_view ORDER BY id")
+    assert [(r["id"], r["amount"]) for r in consistent] == [(1, D("1.50")), (3, D("3.00"))]
+    assert consistent == query(cfg, "SELECT * FROM payments__clean_view ORDER BY id")
+
+
 def test_a_table_without_latest_state_is_typed_from_a_sample_as_the_latest_state_would(make_config, land, run_pipeline, query, spark) -> None:
     cfg = make_config({"shop.payments": {"key": ["id"]}})
     land("shop.payments/part-1.jsonl", [payment("c", 10, 1, 1250), payment("c", 11, 2, -99), payment("c", 12, 4, 5, scale=4)])
