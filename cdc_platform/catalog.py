@@ -36,13 +36,12 @@ from cdc_platform import transactions as T
 from cdc_platform.config import CATALOG_SCHEMA_RE, mask_salt
 from cdc_platform.errors import ConfigError, LakeError
 from cdc_platform.lake_spark import sql_string
-from cdc_platform.stage import RAW
+from cdc_platform.stage import DEAD_LETTER, RAW
 from cdc_platform.views import (
-    SAMPLE_ROWS,
     consistent_view_sql,
     history_sql,
-    infer_row_schema,
     latest_state_views,
+    sampled_types,
     stored_view_name,
 )
 
@@ -111,10 +110,12 @@ def register_catalog(
         spark.sql(f"CREATE TABLE IF NOT EXISTS {q(schema)}.{q(name)} USING delta LOCATION {location}")
         names.append(name)
     views: list[tuple[str, str]] = []
+    stored_types: dict[str, dict[str, str]] = {}  # table -> source column -> Spark type, for its consistent view
     for table in lake.registered_tables(lake_dir):
         if table.name not in present:
             continue
         columns = LS.source_columns(pa.schema(lake.open_table(present[table.name]).schema().to_arrow()))
+        stored_types[table.name] = {name: LS.type_name(kind) for name, kind in columns.items()}
         views += latest_state_views(table, columns, stored_view_name(table.name), mask_salt(table), pending=True, truncates=True)
         if table.history and table.history_name in present:
             hschema = pa.schema(lake.open_table(present[table.history_name]).schema().to_arrow())
@@ -122,11 +123,9 @@ def register_catalog(
             views.append((table.history_name, history_sql(stored_view_name(table.history_name), list(hcols), table.key)))
     if all(name in present for name in (RAW, T.TRANSACTIONS, T.WATERMARK)):
         for table in lake.registered_tables(lake_dir):
-            sample = spark.sql(
-                f"SELECT after FROM {q(schema)}.{q(RAW)} WHERE table_id = {sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
-            ).collect()
-            columns = infer_row_schema((r[0] for r in sample), table.key)
-            views.append((f"{table.name}__consistent_view", consistent_view_sql(table, columns, mask_salt(table))))
+            types = stored_types.get(table.name) or sampled_types(spark, f"{q(schema)}.{q(RAW)}", table)
+            sql = consistent_view_sql(table, types, mask_salt(table), dead_letters=DEAD_LETTER in present)
+            views.append((f"{table.name}__consistent_view", sql))
     for view, sql in views:
         spark.sql(f"CREATE OR REPLACE VIEW {q(schema)}.{q(view)} AS {sql}")
         names.append(view)

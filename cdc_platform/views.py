@@ -15,11 +15,11 @@ lists; see `register_lake` for the order that keeps views over several tables co
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform import connect_sql as CS
 from cdc_platform import lake, lake_spark
 from cdc_platform.lake_spark import sql_string
 from cdc_platform import latest_state as LS
@@ -367,35 +367,30 @@ def _pinned(spark: SparkSession, path: Path, version: int | None) -> tuple[int, 
 
 # --- Consistent views: latest state as of the consistency watermark -----------------------------------
 
-def _spark_type(values: list[Any]) -> str:
-    kinds = {type(v) for v in values if v is not None}
-    if not kinds:
-        return "STRING"
-    if kinds == {bool}:
-        return "BOOLEAN"
-    if kinds <= {int}:
-        return "BIGINT"
-    if kinds <= {int, float}:
-        return "DOUBLE"
-    return "STRING"  # strings, nested objects and arrays (kept as JSON text), or mixed
+def stored_types(schema: Iterable[Any]) -> dict[str, str]:
+    """Source columns of a latest-state table (Spark schema fields, metadata left out) -> Spark type name:
+    the types a consistent view gives its columns, so that it shows what the full view shows."""
+    meta = {f.name for f in LS.META_FIELDS}
+    return {f.name: f.dataType.simpleString() for f in schema if f.name not in meta}
 
 
-def infer_row_schema(samples: Iterable[str], key: Sequence[str]) -> list[tuple[str, str]]:
-    """Column names and Spark types from sample row images; key columns first, the rest in first-seen order."""
-    values: dict[str, list[Any]] = {k: [] for k in key}
-    for text in samples:
-        try:
-            row = json.loads(text)
-        except (TypeError, ValueError):
-            continue
-        if not isinstance(row, dict):
-            continue
-        for name, value in row.items():
-            values.setdefault(name, []).append(value)
-    return [(name, _spark_type(vals)) for name, vals in values.items()]
+def sampled_types(spark: SparkSession, raw: str, table: TableConfig) -> dict[str, str]:
+    """Column types for a table whose latest-state table does not exist yet: a sample of its raw events
+    typed by the latest state's own code (`type_rows`, the newest type winning as in a rebuild), so the
+    consistent view types its columns as the latest state will."""
+    from cdc_platform.latest_state import rows as R
+
+    sample = spark.sql(
+        f"SELECT op, key, before, after, row_schema, position, tx_total_order FROM {raw} "
+        f"WHERE table_id = {sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
+    ).toArrow()
+    events = R.Events(R.fill_keys(sample, table.key))
+    changes, _ = R.change_rows(events, table.key)
+    typed = R.type_rows(changes, events, {}, table, coerce=True)
+    return {name: LS.type_name(kind) for name, kind in typed.columns.items()}
 
 
-def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], salt: bytes | None = None) -> str:
+def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: bytes | None = None, *, dead_letters: bool = False) -> str:
     """The latest state of one table as of its source's consistency watermark.
 
     Visible: an event without transaction metadata at or below the watermark, or any event of a
@@ -404,18 +399,26 @@ def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], 
     deletes hide the row. Shaped like `<name>__clean_view` (same masking, same metadata columns), so a
     reader can swap one for the other.
 
+    `columns` maps each source column to its Spark type, the latest-state table's (`stored_types`), and
+    every event's row image is typed to it as the latest state types it, from the Connect schema the
+    event carries (`connect_sql`): a Decimal sent as base64 bytes is the same decimal in both views.
+    With `dead_letters` (the lake has a `dead_letter` table) events the latest-state stage dead-lettered
+    are left out, as they are of the full view. A visible truncate hides every row whose position is
+    below it, as it tombstones them in the latest state. (The search for one is always planned: the
+    latest state's markers are purged after `tombstone_retention`, the raw log's rows are not.)
+
     The raw log keeps events as sent, Debezium's unavailable-value placeholder included (an update that
-    left a TOAST value unchanged). A text column holding it takes the event's `before` image when that
-    has the value (REPLICA IDENTITY FULL), else the key's newest earlier visible value, as the latest-state
+    left a TOAST value unchanged). A column holding it takes the event's `before` image when that has
+    the value (REPLICA IDENTITY FULL), else the key's newest earlier visible value, as the latest-state
     stage does (`unavailable`); a delete forgets the values, and a value known nowhere is NULL.
     """
     q = lake.quote_identifier
-    struct = sql_string("STRUCT<" + ", ".join(f"{q(name)}: {kind}" for name, kind in columns) + ">")
+    struct = sql_string(CS.row_struct(columns))
     masked = {m.lower() for m in table.mask}
     outer: list[str] = []
-    for name, _ in columns:
+    for name, kind in columns.items():
         if name.lower() in masked:
-            expr = masked_expression(name, False, table.mask_mode, salt)
+            expr = masked_expression(name, kind == "binary", table.mask_mode, salt)
             if expr is not None:
                 outer.append(expr)
         else:
@@ -427,31 +430,49 @@ def consistent_view_sql(table: TableConfig, columns: Sequence[tuple[str, str]], 
     order = ("r.position", "r.tx_total_order", "r.ingested_at", "r.kafka_offset", "r.event_id")
     earlier = f"PARTITION BY r.key ORDER BY {', '.join(order)} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
     newest_first = f"PARTITION BY r.key ORDER BY {', '.join(c + ' DESC' for c in order)}"
+    # Each column's Connect declaration, read once per event, for the columns whose conversion depends on it.
+    declared = {name: f"`__decl{i}`" for i, (name, kind) in enumerate(columns.items()) if CS.needs_declaration(kind)}
+    decls = "".join(f", {CS.declaration('`__fields`', name)} AS {alias}" for name, alias in declared.items())
+    fields = f", from_json(row_schema, {sql_string(CS.ROW_SCHEMA)}).fields AS `__fields`" if declared else ""
     values = []
-    for name, kind in columns:
-        col, old = f"_row.{q(name)}", f"_before.{q(name)}"
-        if kind != "STRING" or name in table.key:
-            values.append(f"{col} AS {q(name)}")
+    for name, kind in columns.items():
+        decl = f"r.{declared[name]}" if name in declared else "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
+        col, old = f"r._row.{q(name)}", f"r._before.{q(name)}"
+        typed = CS.value_sql(kind, col, decl, "r.after", name)
+        if name in table.key or not CS.placeholder_possible(kind):
+            values.append(f"{typed} AS {q(name)}")
             continue
-        known = (f"CASE WHEN _row IS NULL THEN named_struct('v', CAST(NULL AS STRING)) "
-                 f"WHEN {col} IS NULL OR {col} NOT IN ({forms}) THEN named_struct('v', {col}) "
-                 f"WHEN {old} IS NOT NULL AND {old} NOT IN ({forms}) THEN named_struct('v', {old}) END")
+        text, old_text = CS.raw_text(kind, col), CS.raw_text(kind, old)
+        known = (f"CASE WHEN r._row IS NULL THEN named_struct('v', CAST(NULL AS {kind})) "
+                 f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', {typed}) "
+                 f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {CS.value_sql(kind, old, decl, 'r.before', name)}) END")
         values.append(f"last_value({known}, true) OVER ({earlier}).v AS {q(name)}")
+    visible = ("JOIN {wm} w ON coalesce(r.source_name, '') = w.source\n"
+               "    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {tx} GROUP BY transaction_id) t\n"
+               "      ON r.transaction_id = t.transaction_id").format(wm=q(T.WATERMARK), tx=q(T.TRANSACTIONS))
+    shown = "w.position IS NOT NULL AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END"
+    cut = (f"CROSS JOIN (SELECT max(r.position) AS position FROM {q(RAW)} r {visible}\n"
+           f"    WHERE r.table_id = {sql_string(table.source)} AND r.op = 't' AND {shown}) cut")
+    dead = (f"\n    LEFT ANTI JOIN (SELECT event_id FROM {q(DEAD_LETTER)} WHERE stage = {sql_string(LS.STAGE)} AND event_id IS NOT NULL) x"
+            "\n      ON r.event_id = x.event_id") if dead_letters else ""
     return f"""
 SELECT {', '.join(outer)} FROM (
-  SELECT {_cols([name for name, _ in columns])}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
+  SELECT {_cols(list(columns))}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
     SELECT {', '.join(values)}, r.op AS `_op`,
            r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
            row_number() OVER ({newest_first}) AS `__rank`
-    FROM (SELECT *, from_json(after, {struct}) AS _row, from_json(before, {struct}) AS _before FROM {q(RAW)}) r
-    JOIN {q(T.WATERMARK)} w ON coalesce(r.source_name, '') = w.source
-    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {q(T.TRANSACTIONS)} GROUP BY transaction_id) t
-      ON r.transaction_id = t.transaction_id
-    WHERE r.table_id = {sql_string(table.source)} AND r.key IS NOT NULL AND r.op <> 't' AND w.position IS NOT NULL
-      AND CASE WHEN r.transaction_id IS NULL THEN r.position <= w.position ELSE t.last_position <= w.position END
+    FROM (
+      SELECT *{decls} FROM (
+        SELECT *, from_json(after, {struct}) AS _row, from_json(before, {struct}) AS _before{fields}
+        FROM {q(RAW)} WHERE table_id = {sql_string(table.source)}
+      )
+    ) r
+    {visible}{dead}
+    WHERE r.key IS NOT NULL AND r.op <> 't' AND {shown}
   ) ranked
-  WHERE `__rank` = 1 AND `_op` <> 'd'
+  {cut}
+  WHERE `__rank` = 1 AND `_op` <> 'd' AND (cut.position IS NULL OR `_position` >= cut.position)
 ) latest
 """
 
@@ -499,18 +520,21 @@ def count_views(spark: SparkSession, names: Collection[str]) -> dict[str, int]:
 
 
 def register_consistent_views(spark: SparkSession, lake_dir: Path) -> list[str]:
-    """`<name>__consistent_view` for every configured table."""
+    """`<name>__consistent_view` for every configured table, its columns typed as its latest-state table's
+    (the `<name>__stored` view `register_latest_state_views` pinned, so the same snapshot the full view reads)."""
+    from pyspark.errors import AnalysisException
+
     present = lake.lake_tables(lake_dir)
     if not all(name in present for name in (RAW, T.TRANSACTIONS, T.WATERMARK)):
         return []
     names = []
     for table in lake.registered_tables(lake_dir):
-        sample = spark.sql(
-            f"SELECT after FROM {lake.quote_identifier(RAW)} WHERE table_id = {sql_string(table.source)} AND after IS NOT NULL LIMIT {SAMPLE_ROWS}"
-        ).collect()
-        columns = infer_row_schema((r[0] for r in sample), table.key)
+        try:
+            columns = stored_types(spark.table(lake.quote_identifier(stored_view_name(table.name))).schema.fields)
+        except AnalysisException:  # no latest-state table yet
+            columns = sampled_types(spark, lake.quote_identifier(RAW), table)
         view = f"{table.name}__consistent_view"
-        sql = consistent_view_sql(table, columns, mask_salt(table))
+        sql = consistent_view_sql(table, columns, mask_salt(table), dead_letters=DEAD_LETTER in present)
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS {sql}")
         names.append(view)
     return names

@@ -49,7 +49,7 @@ from __future__ import annotations
 from cdc_platform.latest_state.apply import COMPACT_MIN_CHANGES, COMPACT_RATIO, LatestStateStage, apply_table
 from cdc_platform.latest_state.compaction import compact, fold_latest, purge_tombstones
 from cdc_platform.latest_state.connect_types import BadValue, connect_type, infer_type, join_types, type_name
-from cdc_platform.latest_state.layout import BASE, DELTA, HISTORY_META, LAYER, META_FIELDS
+from cdc_platform.latest_state.layout import BASE, DELTA, HISTORY_META, LAYER, META_FIELDS, STAGE
 from cdc_platform.latest_state.rebuild import rebuild_table
 from cdc_platform.latest_state.rows import Events, build_rows, change_rows, source_columns, type_rows
 from cdc_platform.latest_state.writing import ensure_tables
@@ -65,6 +65,7 @@ __all__ = [
     "LAYER",
     "LatestStateStage",
     "META_FIELDS",
+    "STAGE",
     "apply_table",
     "build_rows",
     "change_rows",

@@ -155,9 +155,9 @@ def test_one_run_lands_every_table(e2e: Lake) -> None:
     assert sum(len(c.events) for c in e2e.cases.values()) >= 100
 
 
-def _view_rows(spark: Any, case: TableCase) -> tuple[dict[str, str], dict[int, dict[str, Any]]]:
-    """(column -> Spark type, id -> row) of the table's full view, timestamps and dates read as exact integers."""
-    df = spark.table(f"`{case.table}__full_view`")
+def _view_rows(spark: Any, case: TableCase, view: str = "full") -> tuple[dict[str, str], dict[int, dict[str, Any]]]:
+    """(column -> Spark type, id -> row) of the table's full (or consistent) view, timestamps and dates read as exact integers."""
+    df = spark.table(f"`{case.table}__{view}_view`")
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields if not f.name.startswith("_")}
     exprs = []
     for name, typ in types.items():
@@ -178,7 +178,7 @@ def _view_rows(spark: Any, case: TableCase) -> tuple[dict[str, str], dict[int, d
     return types, rows
 
 
-def _view_failures(spark: Any, lake: Lake, case: TableCase) -> list[Failure]:
+def _view_failures(spark: Any, lake: Lake, case: TableCase, view: str = "full") -> list[Failure]:
     from tests.strategies.debezium_types import LATEST_STATE_CODES
 
     failures: list[Failure] = []
@@ -189,9 +189,9 @@ def _view_failures(spark: Any, lake: Lake, case: TableCase) -> list[Failure]:
         kind = by_name[col.lower()].kind if col and col.lower() in by_name else None
         failures.append(Failure(kind.family if kind else family, kind.label if kind else "-", what, col, line, expected, actual, note))
 
-    if not spark.catalog.tableExists(f"`{case.table}__full_view`"):
-        return [Failure(family, "-", "raised", None, None, "a full view", f"none; the run raised {lake.error!r}")]
-    types, rows = _view_rows(spark, case)
+    if not spark.catalog.tableExists(f"`{case.table}__{view}_view`"):
+        return [Failure(family, "-", "raised", None, None, f"a {view} view", f"none; the run raised {lake.error!r}")]
+    types, rows = _view_rows(spark, case, view)
     expected_rows = case.full_view()
     if lake.error is not None and expected_rows and not rows:
         return [Failure(family, "-", "raised", None, None, f"{len(expected_rows)} rows", f"none; the run raised {lake.error!r} first")]
@@ -211,7 +211,7 @@ def _view_failures(spark: Any, lake: Lake, case: TableCase) -> list[Failure]:
         got_type = {k.lower(): v for k, v in types.items()}.get(col.lower(), "<no column>")
         if got_type not in accepted:
             fail(col, "type", None, " or ".join(sorted(accepted)), got_type)
-    if lake.error is None:  # dead letters are written after the stages, so only a completed run has them
+    if lake.error is None and view == "full":  # dead letters are written after the stages, so only a completed run has them
         for line, event in zip(lines, case.events):
             got_dead = lake.dead.get(line)
             if event.dead is not None and (got_dead is None or got_dead[1] not in event.dead.codes):
@@ -226,4 +226,16 @@ def _view_failures(spark: Any, lake: Lake, case: TableCase) -> list[Failure]:
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_full_view_holds_the_values_events_carried(e2e: Lake, spark: Any, group: str) -> None:
     failures = _view_failures(spark, e2e, e2e.cases[group])
+    assert not failures, report(failures)
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_consistent_view_holds_the_values_events_carried(e2e: Lake, spark: Any, group: str) -> None:
+    """The consistent view types the raw log's images in SQL (`connect_sql`); with every event settled it
+    must show exactly the full view's values and types, dead-lettered events left out as there.
+
+    One known gap is let through: a Decimal wider than 38 digits sent as a JSON number that Spark reads
+    only as a double is NULL there (`connect_sql._quantized`, tested in test_connect_sql.py)."""
+    failures = [f for f in _view_failures(spark, e2e, e2e.cases[group], view="consistent")
+                if not (f.family == "decimal_wide" and f.label.endswith("number") and f.what == "value" and f.actual is None)]
     assert not failures, report(failures)

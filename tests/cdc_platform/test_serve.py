@@ -137,6 +137,9 @@ def test_the_catalog_from_a_fresh_spark_connect_session(served: tuple[Path, Serv
     assert "_layer" not in full_columns and "_deleted" not in full_columns
     clean = connect_query(info.connect_url, f"SELECT email FROM {SCHEMA}.people__clean_view")
     assert all("@example.com" not in str(r["email"]) for r in clean)
+    # The consistent view is a persistent view too, typing the raw log in SQL alone (connect_sql): the same rows.
+    consistent = connect_query(info.connect_url, f"SELECT * FROM {SCHEMA}.people__consistent_view ORDER BY id")
+    assert consistent == connect_query(info.connect_url, f"SELECT * FROM {SCHEMA}.people__clean_view ORDER BY id")
 
 
 def test_the_views_over_jdbc(served: tuple[Path, ServerInfo]) -> None:
@@ -145,6 +148,7 @@ def test_the_views_over_jdbc(served: tuple[Path, ServerInfo]) -> None:
     rows = beeline(info.jdbc_url, "SELECT id, name FROM people__full_view ORDER BY id")  # the URL's schema is the current one
     assert rows == [{"id": "0", "name": "ann"}, {"id": "1", "name": "bobby"}]
     assert beeline(info.jdbc_url, f"SELECT count(*) AS n FROM {SCHEMA}.raw_change_events") == [{"n": "5"}]
+    assert beeline(info.jdbc_url, "SELECT id, name FROM people__consistent_view ORDER BY id") == rows
 
 
 def timed_cdc_sql(*argv: str) -> tuple[float, subprocess.CompletedProcess[str]]:

@@ -4,14 +4,18 @@ from the lake alone.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import hashlib
 import json
+from decimal import Decimal as D
 from typing import Any
 
 import pytest
 
 from cdc_platform.cli import main
 from cdc_platform import views
+from cdc_platform.unavailable import PLACEHOLDER
 from cdc_platform.views import clean_view_sql, full_view_sql, latest_state_sql, masked_expression
 from tests.cdc_platform.test_latest_state import Feed, c, ev, u
 
@@ -123,9 +127,93 @@ def test_masked_value_never_visible_after_updates_and_compaction(mode, make_conf
     assert "4111" not in text and "5500" not in text
 
 
-def test_infer_row_schema_types_columns_and_keeps_keys_first() -> None:
-    samples = ['{"name": "a", "id": 1, "amount": 2, "ok": true, "meta": {"x": 1}}', '{"id": 2, "amount": 2.5, "name": null}', "not json"]
-    assert views.infer_row_schema(samples, ["id"]) == [("id", "BIGINT"), ("name", "STRING"), ("amount", "DOUBLE"), ("ok", "BOOLEAN"), ("meta", "STRING")]
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+
+
+def payments_schema(scale: int = 2, precision: int = 10) -> dict[str, Any]:
+    """The Connect schema of a payments row: a Decimal, a VariableScaleDecimal, three time types, bytes, text."""
+    return {"fields": [
+        {"field": "id", "type": "int32", "optional": False},
+        {"field": "amount", "type": "bytes", "name": DECIMAL, "parameters": {"scale": str(scale), "connect.decimal.precision": str(precision)},
+         "optional": True},
+        {"field": "rate", "type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "optional": True,
+         "fields": [{"field": "scale", "type": "int32"}, {"field": "value", "type": "bytes"}]},
+        {"field": "paid_at", "type": "int64", "name": "io.debezium.time.MicroTimestamp", "optional": True},
+        {"field": "booked", "type": "string", "name": "io.debezium.time.ZonedTimestamp", "optional": True},
+        {"field": "day", "type": "int32", "name": "io.debezium.time.Date", "optional": True},
+        {"field": "receipt", "type": "bytes", "optional": True},
+        {"field": "note", "type": "string", "optional": True},
+    ]}
+
+
+def unscaled(value: int) -> str:
+    """A Connect Decimal's bytes as the JSON converter writes them: base64 of the two's complement."""
+    return base64.b64encode(value.to_bytes(max(1, (value.bit_length() + 8) // 8), "big", signed=True)).decode()
+
+
+def payment(op: str, pos: int, id_: int, cents: int, *, day: int = 20_000, receipt: str | None = None, scale: int = 2) -> str:
+    row = {"id": id_, "amount": unscaled(cents), "rate": {"scale": 3, "value": unscaled(-125 * id_)},
+           "paid_at": 1_767_225_600_123_456 + id_, "booked": f"2026-01-0{id_}T10:00:00.5+02:00", "day": day,
+           "receipt": receipt if receipt is not None else base64.b64encode(bytes([id_, 0, 255])).decode(), "note": f"n{id_}"}
+    schema = payments_schema(scale, 10 + scale - 2)
+    if op == "d":
+        return ev("d", pos=pos, table="payments", before={"id": id_}, schema=schema)
+    return ev(op, pos=pos, table="payments", after=row, schema=schema)
+
+
+def test_consistent_view_types_values_from_the_connect_schema_as_the_full_view_does(make_config, land, run_pipeline, query, spark) -> None:
+    """Decimal bytes, VariableScaleDecimal, micro/zoned timestamps, dates and bytes: the consistent view
+    shows what the full view shows, key for key and type for type (it once showed base64 text and integers)."""
+    cfg = make_config({"shop.payments": {"key": ["id"]}})
+    placeholder = base64.b64encode(PLACEHOLDER.encode()).decode()
+    land("shop.payments/part-1.jsonl", [
+        payment("c", 10, 1, 1250), payment("c", 11, 2, -99), payment("c", 12, 3, 0),
+        payment("u", 13, 1, 1300, receipt=placeholder),  # a TOAST value left out: the receipt stays b"\x01\x00\xff"
+        payment("u", 14, 2, 7777, day=2**31 - 1),  # a date past the year 9999: dead-lettered, so row 2 keeps -0.99
+        payment("d", 15, 3, 0),
+        payment("c", 16, 4, 123456, scale=4),  # the source widened the column: older events keep their own scale
+    ])
+    run_pipeline(cfg)
+    consistent = query(cfg, "SELECT * FROM payments__consistent_view ORDER BY id")
+    full = query(cfg, "SELECT * FROM payments__clean_view ORDER BY id")  # no masks: the full view's rows and columns
+    assert consistent == full
+    assert [(r["id"], r["amount"], r["rate"], r["receipt"], r["day"]) for r in consistent] == [
+        (1, D("13.0000"), "-0.125", bytearray(b"\x01\x00\xff"), dt.date(2024, 10, 4)),
+        (2, D("-0.9900"), "-0.250", bytearray(b"\x02\x00\xff"), dt.date(2024, 10, 4)),
+        (4, D("12.3456"), "-0.500", bytearray(b"\x04\x00\xff"), dt.date(2024, 10, 4)),
+    ]
+    assert consistent[0]["booked"] == full[0]["booked"] and consistent[0]["paid_at"] == full[0]["paid_at"] is not None
+    described = {v: [(r["col_name"], r["data_type"]) for r in query(cfg, f"DESCRIBE {v}")] for v in ("payments__consistent_view", "payments__full_view")}
+    assert described["payments__consistent_view"] == described["payments__full_view"]
+    assert dict(described["payments__full_view"])["amount"] == "decimal(12,4)"
+    (dead,) = query(cfg, "SELECT stage, reason_code FROM dead_letter")
+    assert dead == {"stage": "latest_state", "reason_code": "out_of_range"}
+
+
+def test_consistent_view_applies_a_truncate_as_the_full_view_does(make_config, land, run_pipeline, query) -> None:
+    """A TRUNCATE hides every row it came after, in the full view as in the consistent view (which once ignored it)."""
+    cfg = make_config({"shop.payments": {"key": ["id"]}})
+    land("shop.payments/part-1.jsonl", [payment("c", 10, 1, 100), payment("c", 11, 2, 200), ev("t", pos=12, table="payments"),
+                                        payment("c", 13, 3, 300), payment("u", 14, 1, 150)])
+    run_pipeline(cfg)
+    consistent = query(cfg, "SELECT * FROM payments__consistent_view ORDER BY id")
+    assert [(r["id"], r["amount"]) for r in consistent] == [(1, D("1.50")), (3, D("3.00"))]
+    assert consistent == query(cfg, "SELECT * FROM payments__clean_view ORDER BY id")
+
+
+def test_a_table_without_latest_state_is_typed_from_a_sample_as_the_latest_state_would(make_config, land, run_pipeline, query, spark) -> None:
+    cfg = make_config({"shop.payments": {"key": ["id"]}})
+    land("shop.payments/part-1.jsonl", [payment("c", 10, 1, 1250), payment("c", 11, 2, -99), payment("c", 12, 4, 5, scale=4)])
+    run_pipeline(cfg)
+    query(cfg, "SELECT 1")  # registers the lake
+    stored = views.stored_types(spark.table("`payments__stored`").schema.fields)
+    assert views.sampled_types(spark, "`raw_change_events`", cfg.tables[0]) == stored
+    assert stored["amount"] == "decimal(12,4)" and stored["paid_at"] == "timestamp" and stored["receipt"] == "binary"
+    # Without its latest-state table the consistent view is still typed so.
+    spark.catalog.dropTempView("payments__stored")
+    views.register_consistent_views(spark, cfg.lake)
+    types = {f.name: f.dataType.simpleString() for f in spark.table("payments__consistent_view").schema.fields if not f.name.startswith("_")}
+    assert types == stored
 
 
 def test_one_table_reads_as_a_check_reads_it_without_the_rest_of_the_lake(make_config, spark) -> None:
