@@ -457,8 +457,8 @@ def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: by
             "\n      ON r.event_id = x.event_id") if dead_letters else ""
     return f"""
 SELECT {', '.join(outer)} FROM (
-  SELECT {_cols(list(columns))}, `_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
-    SELECT {', '.join(values)}, r.op AS `_op`,
+  SELECT {_cols(list(columns)) + ', ' if columns else ''}`_op`, `_position`, `_source_ts`, `_transaction_id`, `_ingested_at`, `_event_id` FROM (
+    SELECT {''.join(v + ', ' for v in values)}r.op AS `_op`,
            r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`,
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
            row_number() OVER ({newest_first}) AS `__rank`

@@ -264,3 +264,14 @@ def test_view_counts_count_a_full_and_its_clean_view_once(make_config, query, sp
     assert views.count_views(spark, names) == expected
     assert views.rows_of("people__clean_view") == "people__full_view" and views.rows_of("people") == "people"
     assert views.count_views(spark, []) == {}
+
+
+def test_a_configured_table_without_events_has_a_consistent_view_of_metadata_columns(make_config, land, run_pipeline, query) -> None:
+    """A configured table nothing has landed for yet (no latest-state columns, no raw-log sample) still gets its
+    consistent view, with only the metadata columns; its SQL once began `SELECT ,` and every query of the lake failed."""
+    cfg = make_config({"shop.payments": {"key": ["id"]}, "shop.refunds": {"key": ["id"]}})
+    land("shop.payments/part-1.jsonl", [payment("c", 10, 1, 100)])
+    run_pipeline(cfg)
+    assert query(cfg, "SELECT * FROM refunds__consistent_view") == []
+    assert [r["col_name"] for r in query(cfg, "DESCRIBE refunds__consistent_view")] == list(views.VIEW_META)
+    assert [r["id"] for r in query(cfg, "SELECT id FROM payments__consistent_view")] == [1]
