@@ -104,12 +104,12 @@ def source_select(bed: Stack, sql: str) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in conn.execute(sql).fetchall()]
 
 
-def lake_rows(query: Callable[..., list[dict[str, Any]]], cfg: PlatformConfig, table: str) -> list[tuple[Any, ...]]:
+def lake_rows(query: Callable[..., list[dict[str, Any]]], cfg: PlatformConfig, table: str, view: str = "full_view") -> list[tuple[Any, ...]]:
     if table == CUSTOMERS:
         sql = (f"select id, name, balance, opened, unix_micros(seen), unix_micros(local_seen), active, doc, ref, bin_data, note "
-               f"from {table}__full_view order by id")
+               f"from {table}__{view} order by id")
     else:
-        sql = f"select id, customer_id, amount, status, unix_micros(placed) from {table}__full_view order by id"
+        sql = f"select id, customer_id, amount, status, unix_micros(placed) from {table}__{view} order by id"
     return [tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in r.values()) for r in query(cfg, sql)]
 
 
@@ -168,6 +168,8 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
             for tx in WORKLOAD_1:
                 run(bed, tx)
             stream.wait("full views equal the source tables", lambda: matches() and tx_count() >= len(WORKLOAD_1))
+            # Every transaction settled: the consistent views, which type the raw log's images themselves, show the same.
+            assert all(lake_rows(query, cfg, t, "consistent_view") == source_rows(bed, t) for t in (CUSTOMERS, ORDERS))
 
             # 2. A table created while the stream runs: a new topic matching the pattern, read without a restart.
             with bed.postgres.connect() as conn:
@@ -195,12 +197,15 @@ def test_debezium_postgres_through_kafka_equals_the_database(testbed: Stack, spa
                 run(bed, tx)
             expected_txs = first_txs + len(WORKLOAD_2)
             stream.wait("the lake catches up after the restart", lambda: matches() and tx_count() >= expected_txs)
+            assert all(lake_rows(query, cfg, t, "consistent_view") == source_rows(bed, t) for t in (CUSTOMERS, ORDERS))
             # The added column, value for value (NULL where no change has carried it since), and the late table truncated.
             loyalty = f"select id, loyalty from {CUSTOMERS}"
             assert [tuple(r.values()) for r in query(cfg, loyalty + "__full_view order by id")] == source_select(bed, loyalty + " order by id")
             assert [r[0] for r in source_select(bed, f"select id from {ORDERS} where amount > 99999999.99 order by id")] == [4, 5], "past numeric(10,2)"
             run(bed, [(f"truncate {LATE}", ()), (f"insert into {LATE} values (%s, %s)", (3, "after truncate"))])
             stream.wait("the truncate reaches the late table", lambda: late_rows() == [(3, "after truncate")])
+            stream.wait("... and its consistent view", lambda: [(r["id"], r["v"]) for r in query(
+                cfg, f"select id, v from {LATE}__consistent_view order by id")] == [(3, "after truncate")])
         finally:
             stream.stop()
         expected_txs += 1
