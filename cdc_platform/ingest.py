@@ -44,6 +44,14 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle` whether time is up
+#: A batch of nothing but heartbeats writes its `pipeline_metrics` row at most this often (seconds);
+#: the ones between are folded into the next row written (their lines into its `rows_read`, their
+#: count into `stage_figures['ingest.idle_batches_folded']`), or into a last row when the run stops.
+#: Why: with Debezium's `heartbeat.interval.ms` the source is never silent, so an idle stream runs a
+#: batch every trigger; a row (a Delta commit, ~1 s) for each of them is most of that batch's cost and
+#: buries the batches that carried data. Spark's own progress events do the same for batches without
+#: data (`spark.sql.streaming.noDataProgressEventInterval`).
+IDLE_METRICS_INTERVAL = 60.0
 
 
 class _StopRequested(Exception):
@@ -62,6 +70,32 @@ class BatchReport:
     rows_landed: dict[str, int]
     stage_seconds: dict[str, float]
     seconds: float
+
+
+@dataclass
+class _Folded:
+    """Heartbeat-only batches whose metrics rows were not written yet (`IDLE_METRICS_INTERVAL`): their
+    counts go onto the next row written, so the table's totals stay exact; the newest of them is kept
+    whole, so a stop can write its row (`IngestJob.flush_folded_metrics`)."""
+
+    batches: int = 0
+    heartbeats: int = 0
+    rows_read: int = 0
+    last: tuple[SparkSession, BatchReport, int, dt.datetime, BatchContext] | None = None
+
+    def add(self, spark: SparkSession, report: BatchReport, heartbeats: int, started: dt.datetime, ctx: BatchContext) -> None:
+        self.batches += 1
+        self.heartbeats += heartbeats
+        self.rows_read += report.rows_read
+        self.last = (spark, report, heartbeats, started, ctx)
+
+    def onto(self, figures: dict[str, float], rows_read: int) -> tuple[dict[str, float], int]:
+        """A row's figures and lines read with the folded batches' added."""
+        if not self.batches:
+            return figures, rows_read
+        figures = {**figures, "ingest.heartbeats": figures.get("ingest.heartbeats", 0.0) + self.heartbeats,
+                   "ingest.idle_batches_folded": float(self.batches)}
+        return figures, rows_read + self.rows_read
 
 
 @dataclass
@@ -200,6 +234,9 @@ class IngestJob:
         self._last_activity = time.monotonic()
         self._last_batch_id = -1
         self.keys = KeySpec(dict(config.keys_by_source))
+        self.idle_metrics_interval = IDLE_METRICS_INTERVAL
+        self._metrics_written_at: float | None = None  # monotonic time of the last metrics row this job wrote
+        self._folded = _Folded()  # heartbeat-only batches whose metrics rows were folded (in memory only)
         #: Tables added to the config file while the stream runs are onboarded between batches (onboarding.py).
         self._config_watch = ConfigWatch(config, self.progress) if config.source_file is not None else None
 
@@ -279,7 +316,7 @@ class IngestJob:
         seconds: dict[str, float] = {**(before or {}), "split": split_seconds}
         landed: dict[str, int] = {}
         figures: dict[str, float] = {}
-        # issue 11 (e2e11): heartbeats and schema-change records are counted, not stored (control_records)
+        # heartbeats and schema-change records are counted, not stored (control_records.py)
         figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
         t = time.perf_counter()
@@ -344,7 +381,15 @@ class IngestJob:
             stage_seconds=seconds,
             seconds=time.perf_counter() - t0,
         )
-        self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx)
+        heartbeats_only = figures_.rows_read == figures_.heartbeats and not figures_.dead_letters and not any(landed.values()) \
+            and set(figures) <= {"ingest.heartbeats"}
+        now = time.monotonic()
+        if heartbeats_only and self._metrics_written_at is not None and now - self._metrics_written_at < self.idle_metrics_interval:
+            self._folded.add(spark, report, figures_.heartbeats, started, ctx)
+            return report
+        figures, rows_read = self._folded.onto(figures, report.rows_read)
+        self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read)
+        self._metrics_written_at, self._folded = now, _Folded()
         return report
 
     def _stage_batch(self, split: parse_spark.SplitBatch, batch_id: int, started: dt.datetime) -> ParsedBatch:
@@ -366,9 +411,22 @@ class IngestJob:
             ingested_at=started,
         )
 
+    def flush_folded_metrics(self) -> None:
+        """Write the row of the newest heartbeat-only batch whose row was folded, carrying the ones before
+        it: called when a run or stream ends, so its metrics total every line it read."""
+        with self._batch_lock:
+            folded, self._folded = self._folded, _Folded()
+            if folded.last is None:
+                return
+            spark, report, heartbeats, started, ctx = folded.last
+            before = _Folded(folded.batches - 1, folded.heartbeats - heartbeats, folded.rows_read - report.rows_read)
+            figures, rows_read = before.onto({"ingest.heartbeats": float(heartbeats)}, report.rows_read)
+            self._write_metrics(spark, report, None, figures, started, ctx, rows_read=rows_read)
+            self._metrics_written_at = time.monotonic()
+
     def _write_metrics(
         self, spark: SparkSession, report: BatchReport, newest: dt.datetime | None, figures: dict[str, float], started: dt.datetime,
-        ctx: BatchContext,
+        ctx: BatchContext, *, rows_read: int | None = None,
     ) -> None:
         finished = _now()
         lag = (finished - newest).total_seconds() if newest is not None else None
@@ -377,7 +435,7 @@ class IngestJob:
             "batch_id": report.batch_id,
             "started_at": started,
             "finished_at": finished,
-            "rows_read": report.rows_read,
+            "rows_read": report.rows_read if rows_read is None else rows_read,
             "change_events": report.change_events,
             "markers": report.markers,
             "tombstones": report.tombstones,
@@ -460,6 +518,7 @@ class IngestJob:
         t0 = time.perf_counter()
         query = self.start(spark, available_now=True)
         self._await(query, None)
+        self.flush_folded_metrics()
         return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
 
     def run_continuously(
@@ -484,6 +543,7 @@ class IngestJob:
             if watcher is not None:
                 watcher.join()
             self.stop_after_batch(query)
+        self.flush_folded_metrics()
         return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
 
     def stop_after_batch(self, query: StreamingQuery) -> None:

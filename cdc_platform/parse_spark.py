@@ -129,7 +129,9 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
     whole = row.asDict()
     values = {k: v for k, v in whole.items() if not k.startswith(("events_", "markers_"))}
     if losers is not None:
-        repeats = {r["kind"]: r["n"] for r in losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()}
+        # A batch without changes or markers (a heartbeat-only one, say) has no repeats: no job to find none.
+        has_ids = values["change_events"] or values["markers"]
+        repeats = {r["kind"]: r["n"] for r in losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()} if has_ids else {}
         values["distinct_events"] = values["change_events"] - repeats.get("change", 0)
         values["distinct_markers"] = values["markers"] - repeats.get("marker", 0)
     footprints = {side: footprint_of(whole, f"{side}_") for side in ("events", "markers")}

@@ -83,6 +83,33 @@ def test_control_records_and_messages_through_a_batch(make_config, query) -> Non
     assert [(r["id"], r["amount"]) for r in state(query, cfg)] == [(1, 1)]
 
 
+def test_heartbeat_only_batches_fold_their_metrics_rows_into_the_next(make_config, query) -> None:
+    """An idle source with Debezium heartbeats runs a batch every trigger; each would cost a metrics commit."""
+    cfg = make_config({ORDERS: {"key": ["id"]}})
+    feed = Feed(cfg)
+    feed.job.idle_metrics_interval = 3600.0
+    feed(['{"ts_ms": 1}'])  # 0: idle, but no row written yet: written
+    feed([c(1, 10, amount=1)])  # 1: data: written
+    feed(['{"ts_ms": 2}'])  # 2: idle within the interval: folded
+    feed(['{"ts_ms": 3}', '{"ts_ms": 4}'])  # 3: folded
+    feed([c(2, 11, amount=2), '{"ts_ms": 5}'])  # 4: data: written, carrying 2 and 3
+    feed.job.idle_metrics_interval = 0.0
+    feed(['{"ts_ms": 6}'])  # 5: idle, the interval passed: written
+    feed.job.idle_metrics_interval = 3600.0
+    feed(['{"ts_ms": 7}'])  # 6: folded
+    feed(['{"ts_ms": 8}', '{"ts_ms": 9}'])  # 7: folded, then written by the flush at the end of a run, carrying 6
+    feed.job.flush_folded_metrics()
+    feed.job.flush_folded_metrics()  # nothing left to write
+    rows = query(cfg, "SELECT batch_id, rows_read, stage_figures FROM pipeline_metrics ORDER BY batch_id")
+    assert [r["batch_id"] for r in rows] == [0, 1, 4, 5, 7]
+    assert [{k: v for k, v in r["stage_figures"].items() if k.startswith("ingest.")} for r in rows] == [
+        {"ingest.heartbeats": 1.0}, {}, {"ingest.heartbeats": 4.0, "ingest.idle_batches_folded": 2.0}, {"ingest.heartbeats": 1.0},
+        {"ingest.heartbeats": 3.0, "ingest.idle_batches_folded": 1.0}]
+    assert [r["rows_read"] for r in rows] == [1, 1, 2 + 3, 1, 2 + 1]  # a row's own lines and those of the batches folded into it
+    assert query(cfg, "SELECT * FROM dead_letter") == []
+    assert [(r["id"], r["amount"]) for r in state(query, cfg)] == [(1, 1), (2, 2)]
+
+
 # --- the unavailable-value placeholder -----------------------------------------------------------------
 
 def test_every_placeholder_shape_is_recognised_and_ordinary_values_are_not() -> None:

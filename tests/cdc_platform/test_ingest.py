@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -290,3 +291,17 @@ def test_executors_parse_exactly_as_the_parser_in_the_driver(spark: Any, peer_fi
     assert got.equals(in_driver)
     assert set(got.column("kind").to_pylist()) == {"change", "marker", "dead_letter", "tombstone"}
     assert on_executors.rdd.getNumPartitions() == 3, "parsed where the lines are, no shuffle to one place"
+
+
+def test_a_run_ending_on_heartbeat_only_batches_still_accounts_for_every_line(make_config, land, run_pipeline, query) -> None:
+    """Heartbeat-only batches fold their metrics rows (`IDLE_METRICS_INTERVAL`); the end of the run writes the last."""
+    cfg = make_config({"payments.customers": {"key": ["id"]}}, max_files_per_trigger=1)
+    files = [land("a.jsonl", [event(pos=100)]), land("b.jsonl", ['{"ts_ms": 1}']), land("c.jsonl", ['{"ts_ms": 2}', '{"ts_ms": 3}'])]
+    for age, path in zip((30, 20, 10), files):  # the file source takes the oldest first
+        os.utime(path, (time.time() - age, time.time() - age))
+    report = run_pipeline(cfg)
+    assert len(report.batches) == 3 and report.total("rows_read") == 4
+    metrics = query(cfg, "SELECT batch_id, rows_read, stage_figures['ingest.heartbeats'] AS heartbeats, "
+                         "stage_figures['ingest.idle_batches_folded'] AS folded FROM pipeline_metrics ORDER BY batch_id")
+    assert metrics == [{"batch_id": 0, "rows_read": 1, "heartbeats": None, "folded": None},
+                       {"batch_id": 2, "rows_read": 3, "heartbeats": 3.0, "folded": 1.0}]
