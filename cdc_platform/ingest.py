@@ -48,9 +48,9 @@ IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle`
 #: the ones between are folded into the next row written (their lines into its `rows_read`, their
 #: count into `stage_figures['ingest.idle_batches_folded']`), or into a last row when the run stops.
 #: Why: with Debezium's `heartbeat.interval.ms` the source is never silent, so an idle stream runs a
-#: batch every trigger; a row (a Delta commit, ~1 s) for each of them is most of that batch's cost and
-#: buries the batches that carried data. Spark's own progress events do the same for batches without
-#: data (`spark.sql.streaming.noDataProgressEventInterval`).
+#: batch every trigger; a row (a Delta commit, ~1 s) for each of them was about half of that batch's
+#: cost and buried the batches that carried data. The same idea as Spark's own throttling of progress
+#: events for triggers without data (`spark.sql.streaming.noDataProgressEventInterval`).
 IDLE_METRICS_INTERVAL = 60.0
 
 
