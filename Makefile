@@ -30,7 +30,7 @@ demo: setup
 	@PYTHONWARNINGS=ignore $(BIN)/python -m dagster_project.record --config .cdc-demo/cdc.yaml --home .dagster_home
 
 test: setup
-	@$(BIN)/python -m pytest -q --durations=30
+	@$(BIN)/python -m pytest -q --durations=30 -n 2 --dist loadgroup
 
 ui: setup
 	@mkdir -p .dagster_home && cp dagster_project/dagster.yaml .dagster_home/dagster.yaml

@@ -29,6 +29,18 @@ settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True
 settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_SLOW_DATA)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+#: Session fixtures that start servers: under pytest-xdist (`make test` runs two workers) every test that uses
+#: one runs in the same worker, so each server starts once per suite, not once per worker.
+_SERVER_FIXTURES = ("testbed", "spark_cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        server = next((f for f in _SERVER_FIXTURES if f in fixtures), None)
+        if server is not None:
+            item.add_marker(pytest.mark.xdist_group(server))
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
