@@ -77,22 +77,64 @@ def _as_utc(value: Any) -> dt.datetime | None:
     return None
 
 
+def newest_heartbeat(lake_dir: Path) -> dt.datetime | None:
+    """The newest Debezium heartbeat time the stream recorded (`pipeline_metrics.newest_heartbeat_ts`),
+    None without one (no heartbeats, or a lake from before the column: its files have no such statistic)."""
+    path = lake.table_path(lake_dir, "pipeline_metrics")
+    return _as_utc(column_max(path, "newest_heartbeat_ts")) if lake.exists(path) else None
+
+
+def newest_source_time(lake_dir: Path) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """(newest source change in the raw log, newest heartbeat): how far the source has been read.
+
+    A change's commit time says the lake holds the source up to then. So does a heartbeat's: the
+    connector sends one after every change it read before it, and a batch's metrics row (where its
+    time is kept) is written after the batch's changes landed. On an idle source only the heartbeats
+    move (Debezium's `heartbeat.interval.ms`); without them the lake would look stale when it is not.
+    Caveat: through Kafka the heartbeat topic is read beside the data topics, not after them, so a
+    change sent a moment before a heartbeat may land one micro-batch after it.
+    """
+    raw = lake.table_path(lake_dir, "raw_change_events")
+    newest_change = _as_utc(column_max(raw, "source_ts")) if lake.exists(raw) else None
+    return newest_change, newest_heartbeat(lake_dir)
+
+
+def table_source_time(lake_dir: Path, name: str, column: str) -> dt.datetime | None:
+    """How far in source time a table is current (Dagster's `dagster/last_updated_timestamp`): its newest
+    `column`, and for the raw log a newer heartbeat too, as `freshness` judges it."""
+    path = lake.table_path(lake_dir, name)
+    newest = _as_utc(column_max(path, column)) if lake.exists(path) else None
+    if name == "raw_change_events":
+        newest = max((t for t in (newest, newest_heartbeat(lake_dir)) if t is not None), default=None)
+    return newest
+
+
 def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None, latest_state: Path | None = None) -> CheckOutcome:
-    """Lag from the newest source commit time in the raw log to now, and from the raw log to a latest-state table.
+    """Lag from how far the source has been read (its newest change in the raw log, or a newer heartbeat)
+    to now, and from the raw log to a latest-state table.
 
     The first is Stripe's freshness SLO (how stale is the lake compared to the database); the second
     says whether a stage downstream of the raw log is falling behind it.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
-    newest_raw = _as_utc(column_max(lake.table_path(lake_dir, "raw_change_events"), "source_ts"))
+    newest_raw, beat = newest_source_time(lake_dir)
     meta: dict[str, Any] = {"slo_seconds": float(slo_seconds)}
-    if newest_raw is None:
+    if beat is not None:
+        meta["newest_heartbeat_ts"] = beat.isoformat()
+    if newest_raw is None and beat is None:
         return CheckOutcome(False, Severity.WARN, "the raw log is empty: nothing has landed yet, so freshness is unknown", meta)
-    lag = (now - newest_raw).total_seconds()
-    meta |= {"newest_source_ts": newest_raw.isoformat(), "lag_seconds": round(lag, 3)}
+    read_to = max(t for t in (newest_raw, beat) if t is not None)
+    lag = (now - read_to).total_seconds()
+    meta["lag_seconds"] = round(lag, 3)
+    parts = []
+    if newest_raw is not None:
+        meta["newest_source_ts"] = newest_raw.isoformat()
+        parts.append(f"newest source change is {(now - newest_raw).total_seconds():,.0f} s old")
+    if beat is not None and (newest_raw is None or beat > newest_raw):
+        parts.append(f"the connector's newest heartbeat, {lag:,.0f} s old, says the source was read up to then (idle since)")
+    parts[-1] += f" (SLO {slo_seconds:,.0f} s)"
     passed = lag <= slo_seconds
-    parts = [f"newest source change is {lag:,.0f} s old (SLO {slo_seconds:,.0f} s)"]
-    if latest_state is not None and lake.exists(latest_state):
+    if newest_raw is not None and latest_state is not None and lake.exists(latest_state):
         newest_state = _as_utc(column_max(latest_state, "_source_ts"))
         behind = (newest_raw - newest_state).total_seconds() if newest_state is not None else float("inf")
         meta["latest_state_behind_raw_seconds"] = round(behind, 3) if behind != float("inf") else -1.0
@@ -167,8 +209,10 @@ def batches_since(lake_dir: Path, after: dt.datetime | None, limit: int = 100) -
     if not path.is_dir():
         return []
     columns = ["query_id", "batch_id", "started_at", "finished_at", "rows_read", "change_events", "markers", "dead_letters",
-               "duplicates_skipped", "lag_seconds", "newest_source_ts"]
-    table = lake.open_table(path).to_pyarrow_table(columns=columns)
+               "duplicates_skipped", "lag_seconds", "newest_source_ts", "newest_heartbeat_ts"]
+    metrics = lake.open_table(path)
+    present = set(metrics.schema().to_arrow().names)  # a lake from before a column has rows without it
+    table = metrics.to_pyarrow_table(columns=[c for c in columns if c in present])
     if after is not None:
         table = table.filter(pc.greater(table.column("finished_at"), pa.scalar(after, table.schema.field("finished_at").type)))
         table = table.sort_by([("finished_at", "ascending")]).slice(0, limit)

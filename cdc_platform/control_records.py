@@ -9,7 +9,9 @@ documentation and what Debezium 3.5 was seen to emit on the test bed:
 * **Heartbeats** (`__debezium-heartbeat.<prefix>`, value `{"ts_ms": ...}`, schema
   `io.debezium.connector.common.Heartbeat`): a liveness signal that moves the connector's offsets while
   captured tables are idle. Nothing to store; counted per batch (`pipeline_metrics.stage_figures`
-  `ingest.heartbeats`) and otherwise ignored.
+  `ingest.heartbeats`), and its `ts_ms` (when the connector sent it) recorded as the batch's
+  `newest_heartbeat_ts`: the freshness checks read it, so an idle source whose connector keeps
+  sending heartbeats is not judged stale for lack of changes.
 * **Schema-change records** (MySQL/MariaDB `<prefix>` topic, and the internal schema-history topic:
   `ddl`, `tableChanges`, `databaseName`): the platform takes every table's schema from the row images
   (and the Connect schema beside them), so the DDL text adds nothing it acts on. Counted
@@ -76,3 +78,14 @@ def merge_collections(collections: list[tuple[str, int]]) -> list[tuple[str, int
         key = marker_collection(name)
         out[key] = out.get(key, 0) + count
     return list(out.items())
+
+
+#: Epoch milliseconds a timestamp column holds (years 1-9999), as envelope's MIN_TS_MS / MAX_TS_MS.
+_MIN_MS, _MAX_MS = -62135596800000, 253402300799999
+
+
+def heartbeat_micros(payload: Mapping[str, Any]) -> int | None:
+    """A heartbeat's `ts_ms` as epoch microseconds, or None when it is not a usable time. A heartbeat
+    carries no data, so a bad time is not a dead letter: the heartbeat is still counted, without a time."""
+    ms = payload.get("ts_ms")
+    return ms * 1000 if type(ms) is int and _MIN_MS <= ms <= _MAX_MS else None

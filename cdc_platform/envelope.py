@@ -488,6 +488,8 @@ def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec, r
     if control is not None:  # a heartbeat or schema-change record: counted, not stored (see control_records)
         row = _blank_row("control", line, source_file)
         row["reason_code"] = control
+        # A heartbeat's time says how far the source had been read when it was idle (the freshness checks)
+        row["source_ts"] = control_records.heartbeat_micros(payload) if control == control_records.HEARTBEAT else None
         return row
     if "op" in payload or "source" in payload or "after" in payload or "before" in payload:
         return _parse_change(payload, schema, message_key, line, source_file, keys)
@@ -720,7 +722,7 @@ _ROW_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "dead_letter": ("kind", "line", "source_file", "reason_code", "reason", "table_id"),
     "tombstone": ("kind", "line", "source_file"),
-    "control": ("kind", "line", "source_file", "reason_code"),
+    "control": ("kind", "line", "source_file", "reason_code", "source_ts"),
 }
 _ROW_GETTERS = {kind: operator.itemgetter(*names) for kind, names in _ROW_KEYS.items()}
 _KEY_COUNTS = {kind: len(names) for kind, names in _ROW_KEYS.items()}

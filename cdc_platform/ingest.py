@@ -72,6 +72,10 @@ class BatchReport:
     seconds: float
 
 
+def newest_of(*times: dt.datetime | None) -> dt.datetime | None:
+    return max((t for t in times if t is not None), default=None)
+
+
 @dataclass
 class _Folded:
     """Heartbeat-only batches whose metrics rows were not written yet (`IDLE_METRICS_INTERVAL`): their
@@ -82,12 +86,14 @@ class _Folded:
     heartbeats: int = 0
     rows_read: int = 0
     last: tuple[SparkSession, BatchReport, int, dt.datetime, BatchContext] | None = None
+    newest_heartbeat: dt.datetime | None = None  # of all the folded batches
 
-    def add(self, spark: SparkSession, report: BatchReport, heartbeats: int, started: dt.datetime, ctx: BatchContext) -> None:
+    def add(self, spark: SparkSession, report: BatchReport, figures: parse_spark.BatchFigures, started: dt.datetime, ctx: BatchContext) -> None:
         self.batches += 1
-        self.heartbeats += heartbeats
+        self.heartbeats += figures.heartbeats
         self.rows_read += report.rows_read
-        self.last = (spark, report, heartbeats, started, ctx)
+        self.last = (spark, report, figures.heartbeats, started, ctx)
+        self.newest_heartbeat = newest_of(self.newest_heartbeat, figures.newest_heartbeat_ts)
 
     def onto(self, figures: dict[str, float], rows_read: int) -> tuple[dict[str, float], int]:
         """A row's figures and lines read with the folded batches' added."""
@@ -385,10 +391,11 @@ class IngestJob:
             and set(figures) <= {"ingest.heartbeats"}
         now = time.monotonic()
         if heartbeats_only and self._metrics_written_at is not None and now - self._metrics_written_at < self.idle_metrics_interval:
-            self._folded.add(spark, report, figures_.heartbeats, started, ctx)
+            self._folded.add(spark, report, figures_, started, ctx)
             return report
         figures, rows_read = self._folded.onto(figures, report.rows_read)
-        self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read)
+        heartbeat = newest_of(figures_.newest_heartbeat_ts, self._folded.newest_heartbeat)
+        self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
         self._metrics_written_at, self._folded = now, _Folded()
         return report
 
@@ -421,12 +428,12 @@ class IngestJob:
             spark, report, heartbeats, started, ctx = folded.last
             before = _Folded(folded.batches - 1, folded.heartbeats - heartbeats, folded.rows_read - report.rows_read)
             figures, rows_read = before.onto({"ingest.heartbeats": float(heartbeats)}, report.rows_read)
-            self._write_metrics(spark, report, None, figures, started, ctx, rows_read=rows_read)
+            self._write_metrics(spark, report, None, figures, started, ctx, rows_read=rows_read, heartbeat=folded.newest_heartbeat)
             self._metrics_written_at = time.monotonic()
 
     def _write_metrics(
         self, spark: SparkSession, report: BatchReport, newest: dt.datetime | None, figures: dict[str, float], started: dt.datetime,
-        ctx: BatchContext, *, rows_read: int | None = None,
+        ctx: BatchContext, *, rows_read: int | None = None, heartbeat: dt.datetime | None = None,
     ) -> None:
         finished = _now()
         lag = (finished - newest).total_seconds() if newest is not None else None
@@ -446,6 +453,7 @@ class IngestJob:
             "stage_figures": list(figures.items()),
             "newest_source_ts": newest,
             "lag_seconds": lag,
+            "newest_heartbeat_ts": heartbeat,
         }
         table = pa.Table.from_pylist([row], schema=schemas.PIPELINE_METRICS)
         lake_spark.append_once(lake_spark.from_arrow(spark, table, schemas.PIPELINE_METRICS), self.path(METRICS), ctx.app_id(METRICS), report.batch_id)

@@ -75,6 +75,7 @@ class BatchFigures:
     markers_footprint: Footprint
     heartbeats: int = 0  # control records (`control_records.py`): counted, never stored
     schema_changes: int = 0
+    newest_heartbeat_ts: dt.datetime | None = None  # the newest heartbeat's `ts_ms` (control_records)
 
     @property
     def in_batch_duplicates(self) -> int:
@@ -122,6 +123,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
         F.count(F.when((kind == "control") & (F.col("reason_code") == "heartbeat"), F.lit(1))).alias("heartbeats"),
         F.count(F.when((kind == "control") & (F.col("reason_code") == "schema_change"), F.lit(1))).alias("schema_changes"),
         F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
+        F.unix_micros(F.max(F.when((kind == "control") & (F.col("reason_code") == "heartbeat"), F.col("source_ts")))).alias("newest_heartbeat_ts"),
         *footprint_columns("events_", F.coalesce(F.col("event_date"), today), F.col("position"), where=kind == "change"),
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     ).first()
@@ -135,9 +137,13 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
         values["distinct_events"] = values["change_events"] - repeats.get("change", 0)
         values["distinct_markers"] = values["markers"] - repeats.get("marker", 0)
     footprints = {side: footprint_of(whole, f"{side}_") for side in ("events", "markers")}
-    newest = values.pop("newest_source_ts")  # as a number: Python reads Spark timestamps in its local zone
-    at = None if newest is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=newest)
-    return BatchFigures(**values, newest_source_ts=at, events_footprint=footprints["events"], markers_footprint=footprints["markers"])
+    # as numbers: Python reads Spark timestamps in its local zone
+    times = {k: _utc_micros(values.pop(k)) for k in ("newest_source_ts", "newest_heartbeat_ts")}
+    return BatchFigures(**values, **times, events_footprint=footprints["events"], markers_footprint=footprints["markers"])
+
+
+def _utc_micros(micros: int | None) -> dt.datetime | None:
+    return None if micros is None else dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
 
 
 def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBatch:

@@ -101,6 +101,8 @@ PIPELINE_METRICS = pa.schema(
         pa.field("stage_figures", pa.map_(pa.string(), pa.float64())),
         pa.field("newest_source_ts", TS),
         pa.field("lag_seconds", pa.float64()),
+        # The newest Debezium heartbeat's time in the batch (control_records): how far an idle source was read.
+        pa.field("newest_heartbeat_ts", TS),
     ]
 )
 

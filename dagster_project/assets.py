@@ -128,7 +128,7 @@ def build_ingest_asset(config: PlatformConfig):  # type: ignore[no-untyped-def]
                 meta["rows"] = live[name]
             if name == "dead_letter":
                 meta["newest_dead_letters"] = md.dead_letter_sample(cdc.lake)
-            newest = checks.column_max(path, source_time[name]) if name in source_time and path.is_dir() else None
+            newest = checks.table_source_time(cdc.lake, name, source_time[name]) if name in source_time else None
             meta |= md.source_time(newest)
             if name == "raw_change_events":
                 meta |= {"lines_read": report.total("rows_read"), "duplicates_skipped": report.total("duplicates_skipped"),

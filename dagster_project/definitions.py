@@ -62,7 +62,11 @@ def stream_batch_metadata(batch: dict[str, object]) -> dict[str, object]:
     meta["query_id"] = str(batch["query_id"])
     meta["batch_id"] = int(batch["batch_id"])  # type: ignore[call-overload]
     meta["finished_at"] = str(batch["finished_at"])
-    return meta | md.source_time(batch.get("newest_source_ts"))  # the newest source commit, for the freshness checks
+    if batch.get("newest_heartbeat_ts") is not None:
+        meta["newest_heartbeat_ts"] = str(batch["newest_heartbeat_ts"])
+    # how far the source was read (its newest change, or a newer heartbeat), as the freshness checks judge it
+    read_to = max((t for t in (batch.get("newest_source_ts"), batch.get("newest_heartbeat_ts")) if t is not None), default=None)
+    return meta | md.source_time(read_to)
 
 
 def build_defs(config_path: Path | None = None) -> Definitions:

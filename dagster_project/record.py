@@ -53,7 +53,7 @@ def record_lake(config_path: Path, home: Path) -> list[str]:
             if name == "dead_letter":
                 meta["newest_dead_letters"] = md.dead_letter_sample(config.lake)
             if name in source_time:
-                meta |= md.source_time(checks.column_max(present[name], source_time[name]))
+                meta |= md.source_time(checks.table_source_time(config.lake, name, source_time[name]))
             meta["recorded_by"] = "make demo (the lake as `cdc demo` left it)"
             instance.report_runless_asset_event(AssetMaterialization(asset_key=spec.key, metadata=meta))
             recorded.append(name)

@@ -37,6 +37,36 @@ def test_freshness_against_the_slo(small_lake) -> None:
     assert not late.passed and late.severity is checks.Severity.ERROR and "3,600 s old" in late.description
 
 
+def test_heartbeats_of_an_idle_source_keep_it_fresh(small_lake, land, run_pipeline) -> None:
+    """No change for an hour, but the connector's heartbeats say the source was read until 10 minutes ago."""
+    newest = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    beat = newest + dt.timedelta(minutes=50)
+    land(None, [json.dumps({"ts_ms": int(beat.timestamp() * 1000)}), json.dumps({"ts_ms": int(beat.timestamp() * 1000) - 5000})])
+    run_pipeline(small_lake)
+    now = newest + dt.timedelta(hours=1)
+    ok = checks.freshness(small_lake.lake, slo_seconds=1200, now=now)
+    assert ok.passed and ok.metadata["lag_seconds"] == 600.0, ok.description
+    assert ok.metadata["newest_heartbeat_ts"] == beat.isoformat() and ok.metadata["newest_source_ts"] == newest.isoformat()
+    assert "3,600 s old" in ok.description and "heartbeat, 600 s old" in ok.description
+    assert not checks.freshness(small_lake.lake, slo_seconds=300, now=now).passed  # heartbeats stopped too: stale
+    # the latest state is judged against the raw log's changes, which it holds: not behind
+    table = checks.freshness(small_lake.lake, slo_seconds=1200, now=now, latest_state=small_lake.lake / "customers")
+    assert table.passed and table.metadata["latest_state_behind_raw_seconds"] == 0.0
+    # and Dagster's source time for the raw log is the same
+    assert checks.table_source_time(small_lake.lake, "raw_change_events", "source_ts") == beat
+    assert checks.table_source_time(small_lake.lake, "customers", "_source_ts") == newest
+
+
+def test_a_source_seen_only_through_heartbeats_is_fresh_not_unknown(make_config, land, run_pipeline) -> None:
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    now = dt.datetime.now(dt.timezone.utc)
+    land(None, [json.dumps({"ts_ms": int(now.timestamp() * 1000) - 30_000})])
+    run_pipeline(cfg)
+    outcome = checks.freshness(cfg.lake, 300, now=now)
+    assert outcome.passed and "newest_source_ts" not in outcome.metadata and 29 <= outcome.metadata["lag_seconds"] <= 31
+    assert "heartbeat" in outcome.description
+
+
 def test_freshness_of_an_empty_lake_is_unknown(make_config) -> None:
     cfg = make_config()
     IngestJob(cfg, stages=[]).setup()
@@ -171,3 +201,21 @@ def test_completeness_passes_on_the_sample_workload(spark, tmp_path, run_pipelin
     for table in cfg.tables:
         cov = checks.coverage(spark, cfg.lake, table)
         assert cov.passed, cov.description
+
+
+def test_a_lake_from_before_heartbeat_times_reads_without_them(tmp_path: Path) -> None:
+    """`pipeline_metrics` gains `newest_heartbeat_ts` at the next ingest; until then the sensor and the checks
+    read the table as it is."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from cdc_platform import schemas
+
+    old = pa.schema([f for f in schemas.PIPELINE_METRICS if f.name != "newest_heartbeat_ts"])
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    row = {"query_id": "q", "batch_id": 0, "started_at": at, "finished_at": at + dt.timedelta(seconds=2), "rows_read": 4,
+           "change_events": 4, "newest_source_ts": at}
+    write_deltalake(str(tmp_path / "pipeline_metrics"), pa.Table.from_pylist([row], schema=old))
+    [batch] = checks.batches_since(tmp_path, None)
+    assert batch["batch_id"] == 0 and "newest_heartbeat_ts" not in batch
+    assert checks.newest_heartbeat(tmp_path) is None

@@ -38,13 +38,22 @@ def test_heartbeats_plain_and_wrapped_are_control_records_not_dead_letters() -> 
                                             "fields": [{"type": "int64", "field": "ts_ms"}]}, "payload": {"ts_ms": 1}}))
     assert (plain["kind"], plain["reason_code"]) == ("control", "heartbeat") == (wrapped["kind"], wrapped["reason_code"])
     assert parsed("{}")["reason_code"] == "unrecognised_shape"  # an empty object is still nothing known
+    # its time (how far an idle source was read, for the freshness checks), in the raw log's microseconds
+    assert (plain["source_ts"], wrapped["source_ts"]) == (1795458812614000, 1000)
+
+
+@pytest.mark.parametrize("ts", ['"1795458812614"', "1.5", "253402300800000", "null", "true"])
+def test_a_heartbeat_with_an_unusable_time_is_still_a_heartbeat_without_one(ts: str) -> None:
+    """A heartbeat carries no data: a bad `ts_ms` is no dead letter, only no time."""
+    row = parsed(f'{{"ts_ms": {ts}}}')
+    assert (row["kind"], row["reason_code"], row["source_ts"]) == ("control", "heartbeat", None)
 
 
 def test_schema_change_records_are_control_records() -> None:
     ddl = {"source": {"server": "mdb"}, "position": {"file": "mysql-bin.000001", "pos": 4}, "ts_ms": 1, "databaseName": "cdc",
            "ddl": "ALTER TABLE t ADD COLUMN c INT", "tableChanges": []}
     row = parsed(json.dumps(ddl))
-    assert (row["kind"], row["reason_code"]) == ("control", "schema_change")
+    assert (row["kind"], row["reason_code"], row["source_ts"]) == ("control", "schema_change", None)
     assert rows_to_batch([row, parsed(c(1, 10, amount=1))]).num_rows == 2  # the row shape rows_to_batch accepts
 
 
@@ -106,6 +115,9 @@ def test_heartbeat_only_batches_fold_their_metrics_rows_into_the_next(make_confi
         {"ingest.heartbeats": 1.0}, {}, {"ingest.heartbeats": 4.0, "ingest.idle_batches_folded": 2.0}, {"ingest.heartbeats": 1.0},
         {"ingest.heartbeats": 3.0, "ingest.idle_batches_folded": 1.0}]
     assert [r["rows_read"] for r in rows] == [1, 1, 2 + 3, 1, 2 + 1]  # a row's own lines and those of the batches folded into it
+    # each row keeps the newest heartbeat time of its own batch and of those folded into it (ts_ms above)
+    beats = query(cfg, "SELECT unix_millis(newest_heartbeat_ts) AS ms FROM pipeline_metrics ORDER BY batch_id")
+    assert [r["ms"] for r in beats] == [1, None, 5, 6, 9]
     assert query(cfg, "SELECT * FROM dead_letter") == []
     assert [(r["id"], r["amount"]) for r in state(query, cfg)] == [(1, 1), (2, 2)]
 

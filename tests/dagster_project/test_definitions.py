@@ -3,6 +3,7 @@ passing, and a corrupted lake turns the matching check red with metadata that na
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
@@ -320,3 +321,16 @@ def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: 
     CdcResource(config_path=str(generate_workload(tmp_path / "w", transactions=5).config_path)).spark()
     assert asked["conf"] == session.SHORT_LIVED_JVM
     assert "-XX:TieredStopAtLevel=1" in session.SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
+
+
+def test_a_batch_observation_carries_how_far_the_source_was_read() -> None:
+    """An idle source's batches have no changes, only heartbeats: their time is the source time Dagster judges."""
+    from dagster_project.definitions import stream_batch_metadata
+
+    change, beat = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2026, 1, 1, 0, 50, tzinfo=dt.timezone.utc)
+    base = {"rows_read": 2, "change_events": 0, "query_id": "q", "batch_id": 3, "finished_at": beat}
+    idle = stream_batch_metadata(base | {"newest_source_ts": None, "newest_heartbeat_ts": beat})
+    assert idle["dagster/last_updated_timestamp"].value == beat.timestamp() and idle["newest_heartbeat_ts"] == str(beat)
+    busy = stream_batch_metadata(base | {"newest_source_ts": change, "newest_heartbeat_ts": None})
+    assert busy["dagster/last_updated_timestamp"].value == change.timestamp() and "newest_heartbeat_ts" not in busy
+    assert "dagster/last_updated_timestamp" not in stream_batch_metadata(base)  # a lake from before the column
