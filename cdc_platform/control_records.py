@@ -78,14 +78,3 @@ def merge_collections(collections: list[tuple[str, int]]) -> list[tuple[str, int
         key = marker_collection(name)
         out[key] = out.get(key, 0) + count
     return list(out.items())
-
-
-#: Epoch milliseconds a timestamp column holds (years 1-9999), as envelope's MIN_TS_MS / MAX_TS_MS.
-_MIN_MS, _MAX_MS = -62135596800000, 253402300799999
-
-
-def heartbeat_micros(payload: Mapping[str, Any]) -> int | None:
-    """A heartbeat's `ts_ms` as epoch microseconds, or None when it is not a usable time. A heartbeat
-    carries no data, so a bad time is not a dead letter: the heartbeat is still counted, without a time."""
-    ms = payload.get("ts_ms")
-    return ms * 1000 if type(ms) is int and _MIN_MS <= ms <= _MAX_MS else None

@@ -467,6 +467,13 @@ def _json_type(obj: Any) -> str:
     return "null"
 
 
+def _heartbeat_micros(payload: Mapping[str, Any]) -> int | None:
+    """A heartbeat's `ts_ms` as epoch microseconds, or None when it is not a usable time. A heartbeat
+    carries no data, so a bad time is not a dead letter: the heartbeat is still counted, without a time."""
+    ms = payload.get("ts_ms")
+    return ms * 1000 if type(ms) is int and MIN_TS_MS <= ms <= MAX_TS_MS else None
+
+
 def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec, record_key: RecordKey | None = None) -> dict[str, Any]:
     if obj is None:
         return _blank_row("tombstone", line, source_file)
@@ -489,7 +496,7 @@ def _parse_object(obj: Any, line: str, source_file: str | None, keys: KeySpec, r
         row = _blank_row("control", line, source_file)
         row["reason_code"] = control
         # A heartbeat's time says how far the source had been read when it was idle (the freshness checks)
-        row["source_ts"] = control_records.heartbeat_micros(payload) if control == control_records.HEARTBEAT else None
+        row["source_ts"] = _heartbeat_micros(payload) if control == control_records.HEARTBEAT else None
         return row
     if "op" in payload or "source" in payload or "after" in payload or "before" in payload:
         return _parse_change(payload, schema, message_key, line, source_file, keys)
