@@ -102,11 +102,10 @@ def newest_source_time(lake_dir: Path) -> tuple[dt.datetime | None, dt.datetime 
 def table_source_time(lake_dir: Path, name: str, column: str) -> dt.datetime | None:
     """How far in source time a table is current (Dagster's `dagster/last_updated_timestamp`): its newest
     `column`, and for the raw log a newer heartbeat too, as `freshness` judges it."""
-    path = lake.table_path(lake_dir, name)
-    newest = _as_utc(column_max(path, column)) if lake.exists(path) else None
     if name == "raw_change_events":
-        newest = max((t for t in (newest, newest_heartbeat(lake_dir)) if t is not None), default=None)
-    return newest
+        return lake.newest(*newest_source_time(lake_dir))
+    path = lake.table_path(lake_dir, name)
+    return _as_utc(column_max(path, column)) if lake.exists(path) else None
 
 
 def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None, latest_state: Path | None = None) -> CheckOutcome:
@@ -123,7 +122,8 @@ def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None
         meta["newest_heartbeat_ts"] = beat.isoformat()
     if newest_raw is None and beat is None:
         return CheckOutcome(False, Severity.WARN, "the raw log is empty: nothing has landed yet, so freshness is unknown", meta)
-    read_to = max(t for t in (newest_raw, beat) if t is not None)
+    read_to = lake.newest(newest_raw, beat)
+    assert read_to is not None
     lag = (now - read_to).total_seconds()
     meta["lag_seconds"] = round(lag, 3)
     parts = []

@@ -72,10 +72,6 @@ class BatchReport:
     seconds: float
 
 
-def newest_of(*times: dt.datetime | None) -> dt.datetime | None:
-    return max((t for t in times if t is not None), default=None)
-
-
 @dataclass
 class _Folded:
     """Heartbeat-only batches whose metrics rows were not written yet (`IDLE_METRICS_INTERVAL`): their
@@ -93,7 +89,7 @@ class _Folded:
         self.heartbeats += figures.heartbeats
         self.rows_read += report.rows_read
         self.last = (spark, report, figures.heartbeats, started, ctx)
-        self.newest_heartbeat = newest_of(self.newest_heartbeat, figures.newest_heartbeat_ts)
+        self.newest_heartbeat = lake.newest(self.newest_heartbeat, figures.newest_heartbeat_ts)
 
     def onto(self, figures: dict[str, float], rows_read: int) -> tuple[dict[str, float], int]:
         """A row's figures and lines read with the folded batches' added."""
@@ -394,7 +390,7 @@ class IngestJob:
             self._folded.add(spark, report, figures_, started, ctx)
             return report
         figures, rows_read = self._folded.onto(figures, report.rows_read)
-        heartbeat = newest_of(figures_.newest_heartbeat_ts, self._folded.newest_heartbeat)
+        heartbeat = lake.newest(figures_.newest_heartbeat_ts, self._folded.newest_heartbeat)
         self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
         self._metrics_written_at, self._folded = now, _Folded()
         return report

@@ -14,6 +14,7 @@ atomic, hence the rule: one writer per application id (one stream per lake).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import tempfile
@@ -35,6 +36,11 @@ from cdc_platform.errors import CommitConflictError, LakeError
 REGISTRY_FILE = "_cdc_registry.json"
 REGISTRY_VERSION = 1
 _DELTA_LOG = "_delta_log"
+
+
+def newest(*times: dt.datetime | None) -> dt.datetime | None:
+    """The latest of some times that may be missing (None when all are)."""
+    return max((t for t in times if t is not None), default=None)
 
 
 def table_path(lake: Path, name: str) -> Path:

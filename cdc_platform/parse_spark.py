@@ -104,6 +104,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
     from pyspark.sql import functions as F
 
     kind = F.col("kind")
+    heartbeat = (kind == "control") & (F.col("reason_code") == "heartbeat")
     today = F.lit(ingested_at.date())
 
     def count(k: str) -> Column:
@@ -120,10 +121,10 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
         *distinct,
         count("tombstone").alias("tombstones"),
         count("dead_letter").alias("dead_letters"),
-        F.count(F.when((kind == "control") & (F.col("reason_code") == "heartbeat"), F.lit(1))).alias("heartbeats"),
+        F.count(F.when(heartbeat, F.lit(1))).alias("heartbeats"),
         F.count(F.when((kind == "control") & (F.col("reason_code") == "schema_change"), F.lit(1))).alias("schema_changes"),
         F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
-        F.unix_micros(F.max(F.when((kind == "control") & (F.col("reason_code") == "heartbeat"), F.col("source_ts")))).alias("newest_heartbeat_ts"),
+        F.unix_micros(F.max(F.when(heartbeat, F.col("source_ts")))).alias("newest_heartbeat_ts"),
         *footprint_columns("events_", F.coalesce(F.col("event_date"), today), F.col("position"), where=kind == "change"),
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     ).first()

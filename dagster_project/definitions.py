@@ -26,7 +26,7 @@ from dagster import (
     sensor,
 )
 
-from cdc_platform import checks
+from cdc_platform import checks, lake
 from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
 from dagster_project.assets import build_backfill_asset, build_ingest_asset, build_view_assets, lake_maintenance
 from dagster_project import metadata as md
@@ -65,8 +65,7 @@ def stream_batch_metadata(batch: dict[str, object]) -> dict[str, object]:
     if batch.get("newest_heartbeat_ts") is not None:
         meta["newest_heartbeat_ts"] = str(batch["newest_heartbeat_ts"])
     # how far the source was read (its newest change, or a newer heartbeat), as the freshness checks judge it
-    read_to = max((t for t in (batch.get("newest_source_ts"), batch.get("newest_heartbeat_ts")) if t is not None), default=None)
-    return meta | md.source_time(read_to)
+    return meta | md.source_time(lake.newest(batch.get("newest_source_ts"), batch.get("newest_heartbeat_ts")))
 
 
 def build_defs(config_path: Path | None = None) -> Definitions:
