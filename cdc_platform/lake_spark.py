@@ -85,10 +85,19 @@ def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, part
 
     from cdc_platform.errors import LakeError
 
+    from pyspark.errors import AnalysisException
+
     builder = DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
-    table = builder.execute()
+    try:
+        table = builder.execute()
+    except AnalysisException as exc:
+        # A process killed while creating the table leaves `_delta_log` without its first commit, which
+        # Delta then takes for a table that is there and cannot be read: clear the stub and create it.
+        if exc.getCondition() != "DELTA_TABLE_NOT_FOUND" or not _clear_uncommitted_log(spark, path):
+            raise
+        table = builder.execute()
     present = set(table.toDF().columns)
     missing = [f for f in schema.fields if f.name not in present]
     if missing:
@@ -102,6 +111,27 @@ def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, part
         spark.sql(f"ALTER TABLE delta.`{location(path)}` ADD COLUMNS ({columns})")
         table = DeltaTable.forPath(spark, location(path))
     return table
+
+
+def _clear_uncommitted_log(spark: SparkSession, path: Path | str) -> bool:
+    """Delete the table's `_delta_log` if it holds no commit at all (only folders and hidden temp files).
+
+    Anything named like a commit, checksum or checkpoint (a name starting with the 20-digit version, or
+    `_last_checkpoint`) means a table was there: that is left alone and the caller's error stands.
+    Goes through Hadoop's file system, so a lake on an object store is treated the same.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    log = jvm.org.apache.hadoop.fs.Path(location(path).rstrip("/") + "/_delta_log")
+    fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(log):
+        return False
+    files = fs.listFiles(log, True)
+    while files.hasNext():
+        name = files.next().getPath().getName()
+        if not name.startswith("."):
+            return False
+    return bool(fs.delete(log, True))
 
 
 def version(spark: SparkSession, path: Path | str) -> int:

@@ -36,6 +36,35 @@ def test_ensure_table_is_idempotent_and_partitions(spark: Any, table: Path) -> N
     assert detail["partitionColumns"] == ["event_date"]
 
 
+@pytest.mark.parametrize("stub", ["empty log", "temp file and empty folder"])
+def test_a_table_whose_creation_was_killed_is_created_on_the_next_start(spark: Any, tmp_path: Path, stub: str) -> None:
+    """A SIGKILL between Delta making `_delta_log` and its first commit must not leave the lake stuck (CI crash trial)."""
+    from pyspark.sql.types import StructType
+
+    path = tmp_path / "raw"
+    (path / "_delta_log").mkdir(parents=True)
+    if stub != "empty log":
+        (path / "_delta_log" / ".00000000000000000000.json.0f1e.tmp").write_text('{"protocol"', encoding="utf-8")
+        (path / "_delta_log" / "_staged_commits").mkdir()
+    lake_spark.ensure_table(spark, path, StructType.fromDDL(SCHEMA), ["event_date"])
+    assert lake_spark.version(spark, path) == 0
+    assert rows(spark, path) == []
+
+
+def test_a_log_with_a_commit_trace_is_never_cleared(spark: Any, tmp_path: Path) -> None:
+    """A checksum without its commit is a damaged table, not a half-made one: the error stands and nothing is deleted."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql.types import StructType
+
+    path = tmp_path / "raw"
+    (path / "_delta_log").mkdir(parents=True)
+    crc = path / "_delta_log" / "00000000000000000000.crc"
+    crc.write_text("{}", encoding="utf-8")
+    with pytest.raises(AnalysisException, match="DELTA_TABLE_NOT_FOUND"):
+        lake_spark.ensure_table(spark, path, StructType.fromDDL(SCHEMA), ["event_date"])
+    assert crc.exists()
+
+
 def test_append_once_writes_a_batch_once_and_refuses_older_ones(spark: Any, table: Path) -> None:
     df = spark.createDataFrame([("a", D1, 1)], SCHEMA)
     assert lake_spark.append_once(df, table, "q:raw", 5) is True
