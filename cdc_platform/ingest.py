@@ -25,7 +25,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +36,7 @@ from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError
 from cdc_platform.onboarding import ConfigWatch, build_from_raw_log
+from cdc_platform.run_reports import BatchReport, FoldedBatches, RunReport
 from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
 
 if TYPE_CHECKING:
@@ -58,67 +58,9 @@ class _StopRequested(Exception):
     """A micro-batch Spark started while the job was stopping: refused, so it replays on restart."""
 
 
-@dataclass
-class BatchReport:
-    batch_id: int
-    rows_read: int
-    change_events: int
-    markers: int
-    tombstones: int
-    dead_letters: int
-    duplicates_skipped: int
-    rows_landed: dict[str, int]
-    stage_seconds: dict[str, float]
-    seconds: float
-
-
-@dataclass
-class _Folded:
-    """Heartbeat-only batches whose metrics rows were not written yet (`IDLE_METRICS_INTERVAL`): their
-    counts go onto the next row written, so the table's totals stay exact; the newest of them is kept
-    whole, so a stop can write its row (`IngestJob.flush_folded_metrics`)."""
-
-    batches: int = 0
-    heartbeats: int = 0
-    rows_read: int = 0
-    last: tuple[SparkSession, BatchReport, int, dt.datetime, BatchContext] | None = None
-    newest_heartbeat: dt.datetime | None = None  # of all the folded batches
-
-    def add(self, spark: SparkSession, report: BatchReport, figures: parse_spark.BatchFigures, started: dt.datetime, ctx: BatchContext) -> None:
-        self.batches += 1
-        self.heartbeats += figures.heartbeats
-        self.rows_read += report.rows_read
-        self.last = (spark, report, figures.heartbeats, started, ctx)
-        self.newest_heartbeat = lake.newest(self.newest_heartbeat, figures.newest_heartbeat_ts)
-
-    def onto(self, figures: dict[str, float], rows_read: int) -> tuple[dict[str, float], int]:
-        """A row's figures and lines read with the folded batches' added."""
-        if not self.batches:
-            return figures, rows_read
-        figures = {**figures, "ingest.heartbeats": figures.get("ingest.heartbeats", 0.0) + self.heartbeats,
-                   "ingest.idle_batches_folded": float(self.batches)}
-        return figures, rows_read + self.rows_read
-
-
-@dataclass
-class RunReport:
-    batches: list[BatchReport] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def total(self, attr: str) -> int:
-        return sum(getattr(b, attr) for b in self.batches)
-
-    def landed(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for b in self.batches:
-            for k, v in b.rows_landed.items():
-                out[k] = out.get(k, 0) + v
-        return out
-
-
 def default_stages(config: PlatformConfig) -> list[Stage]:
     """The stages after the raw log, in data-flow order."""
-    # Imported here, not at the top: both modules import this one for its batch types.
+    # Imported here, not at the top: a tool that only reads or writes the raw log need not load the stages.
     from cdc_platform.latest_state import LatestStateStage
     from cdc_platform.transactions import TransactionStage
 
@@ -238,7 +180,7 @@ class IngestJob:
         self.keys = KeySpec(dict(config.keys_by_source))
         self.idle_metrics_interval = IDLE_METRICS_INTERVAL
         self._metrics_written_at: float | None = None  # monotonic time of the last metrics row this job wrote
-        self._folded = _Folded()  # heartbeat-only batches whose metrics rows were folded (in memory only)
+        self._folded = FoldedBatches()  # heartbeat-only batches whose metrics rows were folded (in memory only)
         #: Tables added to the config file while the stream runs are onboarded between batches (onboarding.py).
         self._config_watch = ConfigWatch(config, self.progress) if config.source_file is not None else None
 
@@ -392,7 +334,7 @@ class IngestJob:
         figures, rows_read = self._folded.onto(figures, report.rows_read)
         heartbeat = lake.newest(figures_.newest_heartbeat_ts, self._folded.newest_heartbeat)
         self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
-        self._metrics_written_at, self._folded = now, _Folded()
+        self._metrics_written_at, self._folded = now, FoldedBatches()
         return report
 
     def _stage_batch(self, split: parse_spark.SplitBatch, batch_id: int, started: dt.datetime) -> ParsedBatch:
@@ -418,11 +360,11 @@ class IngestJob:
         """Write the row of the newest heartbeat-only batch whose row was folded, carrying the ones before
         it: called when a run or stream ends, so its metrics total every line it read."""
         with self._batch_lock:
-            folded, self._folded = self._folded, _Folded()
+            folded, self._folded = self._folded, FoldedBatches()
             if folded.last is None:
                 return
             spark, report, heartbeats, started, ctx = folded.last
-            before = _Folded(folded.batches - 1, folded.heartbeats - heartbeats, folded.rows_read - report.rows_read)
+            before = FoldedBatches(folded.batches - 1, folded.heartbeats - heartbeats, folded.rows_read - report.rows_read)
             figures, rows_read = before.onto({"ingest.heartbeats": float(heartbeats)}, report.rows_read)
             self._write_metrics(spark, report, None, figures, started, ctx, rows_read=rows_read, heartbeat=folded.newest_heartbeat)
             self._metrics_written_at = time.monotonic()

@@ -18,8 +18,9 @@ from cdc_platform import lake
 from cdc_platform.cli import main
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
-from cdc_platform.ingest import BatchReport, IngestJob
+from cdc_platform.ingest import IngestJob
 from cdc_platform.latest_state import LatestStateStage, compact
+from cdc_platform.run_reports import BatchReport
 
 T0 = 1_767_225_600_000
 ORDERS = "shop.orders"
