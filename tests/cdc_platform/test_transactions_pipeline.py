@@ -156,7 +156,10 @@ def test_an_idle_stream_times_out_open_transactions(
     land("payments.transaction/part-1.jsonl", [begin("g:1", 1)])
     land("payments.charges/part-1.jsonl", [ev("g:1", "charges", 101, 1)])
     job = IngestJob(cfg)
-    runner = threading.Thread(target=job.run_continuously, kwargs={"spark": spark, "interval": "200 milliseconds", "timeout": 120})
+    done = threading.Event()  # stops the job after the batch in flight (a bare query.stop() would interrupt it)
+    runner = threading.Thread(
+        target=job.run_continuously, kwargs={"spark": spark, "interval": "200 milliseconds", "timeout": 120, "stop": done}
+    )
     runner.start()
     try:
         deadline = time.monotonic() + 100
@@ -166,9 +169,9 @@ def test_an_idle_stream_times_out_open_transactions(
             if lake.exists(lake.table_path(cfg.lake, T.INCOMPLETE)):
                 found = rows(cfg, T.INCOMPLETE)
     finally:
-        for query in spark.streams.active:
-            query.stop()
+        done.set()
         runner.join(timeout=60)
+    assert not runner.is_alive(), "the job did not stop within 60 s of being asked"
     assert [(r["transaction_id"], r["reason"], r["expired_by"]) for r in found] == [("g:1", T.MISSING_END, T.PROCESSING_TIME)]
     assert job.reports and job._failure is None
 
