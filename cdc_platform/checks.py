@@ -99,13 +99,32 @@ def newest_source_time(lake_dir: Path) -> tuple[dt.datetime | None, dt.datetime 
     return newest_change, newest_heartbeat(lake_dir)
 
 
+def applied_source_time(lake_dir: Path) -> dt.datetime | None:
+    """How far in source time every stage has applied the raw log: the newest change or heartbeat time of
+    a batch whose `pipeline_metrics` row is written. That row is a batch's last commit, after every stage
+    took the batch (or dead-lettered what it could not take), so each latest-state table then holds the
+    source up to that time, whether or not the batch changed it. None before the first batch finished."""
+    path = lake.table_path(lake_dir, "pipeline_metrics")
+    if not lake.exists(path):
+        return None
+    return lake.newest(_as_utc(column_max(path, "newest_source_ts")), _as_utc(column_max(path, "newest_heartbeat_ts")))
+
+
 def table_source_time(lake_dir: Path, name: str, column: str) -> dt.datetime | None:
-    """How far in source time a table is current (Dagster's `dagster/last_updated_timestamp`): its newest
-    `column`, and for the raw log a newer heartbeat too, as `freshness` judges it."""
+    """How far in source time a table is current (Dagster's `dagster/last_updated_timestamp`), as
+    `freshness` judges it: for the raw log its newest change or a newer heartbeat; for a latest-state
+    table its newest `column`, or the time every stage has applied the raw log to (`applied_source_time`)
+    when that is newer. So a table its database has not changed for an hour is as current as the
+    stream, not an hour stale, while a table whose stage stopped taking batches falls behind."""
     if name == "raw_change_events":
         return lake.newest(*newest_source_time(lake_dir))
-    path = lake.table_path(lake_dir, name)
-    return _as_utc(column_max(path, column)) if lake.exists(path) else None
+    return _state_current_to(lake_dir, lake.table_path(lake_dir, name), column)
+
+
+def _state_current_to(lake_dir: Path, path: Path, column: str = "_source_ts") -> dt.datetime | None:
+    if not lake.exists(path):
+        return None
+    return lake.newest(_as_utc(column_max(path, column)), applied_source_time(lake_dir))
 
 
 def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None, latest_state: Path | None = None) -> CheckOutcome:
@@ -113,7 +132,9 @@ def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None
     to now, and from the raw log to a latest-state table.
 
     The first is Stripe's freshness SLO (how stale is the lake compared to the database); the second
-    says whether a stage downstream of the raw log is falling behind it.
+    says whether a stage downstream of the raw log is falling behind it, judged by how far the table is
+    current (`table_source_time`: its own newest change, or the batches every stage finished), not by
+    its own newest change alone, which would call a table its database rarely writes to stale.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
     newest_raw, beat = newest_source_time(lake_dir)
@@ -135,12 +156,13 @@ def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None
     parts[-1] += f" (SLO {slo_seconds:,.0f} s)"
     passed = lag <= slo_seconds
     if newest_raw is not None and latest_state is not None and lake.exists(latest_state):
-        newest_state = _as_utc(column_max(latest_state, "_source_ts"))
-        behind = (newest_raw - newest_state).total_seconds() if newest_state is not None else float("inf")
+        current_to = _state_current_to(lake_dir, latest_state)
+        behind = max(0.0, (newest_raw - current_to).total_seconds()) if current_to is not None else float("inf")
         meta["latest_state_behind_raw_seconds"] = round(behind, 3) if behind != float("inf") else -1.0
         if behind > slo_seconds:
             passed = False
-        parts.append(f"latest state trails the raw log by {behind:,.0f} s" if behind != float("inf") else "latest state is empty")
+        parts.append(f"latest state trails the raw log by {behind:,.0f} s" if behind != float("inf")
+                     else "latest state holds nothing and no batch has finished")
     return CheckOutcome(passed, Severity.ERROR, "; ".join(parts), meta)
 
 

@@ -68,6 +68,19 @@ def stream_batch_metadata(batch: dict[str, object]) -> dict[str, object]:
     return meta | md.source_time(lake.newest(batch.get("newest_source_ts"), batch.get("newest_heartbeat_ts")))
 
 
+def latest_state_observations(config: PlatformConfig, batches: list[dict[str, object]]) -> list[AssetObservation]:
+    """One observation per latest-state table for a tick's finished batches: every stage took each of
+    them, so every table holds the source up to their newest time (`checks.applied_source_time`), and
+    its freshness policy sees the running stream, not only the last Dagster run."""
+    times = [lake.newest(b.get("newest_source_ts"), b.get("newest_heartbeat_ts")) for b in batches]  # type: ignore[arg-type]
+    newest = lake.newest(*times)
+    if newest is None or not batches:
+        return []
+    last = batches[-1]
+    meta = {"query_id": str(last["query_id"]), "batch_id": int(last["batch_id"]), **md.source_time(newest)}  # type: ignore[call-overload]
+    return [AssetObservation(asset_key=AssetKey(t.name), metadata=meta) for t in config.tables]
+
+
 def build_defs(config_path: Path | None = None) -> Definitions:
     path = config_path or resolve_config_path(None) or DEMO_CONFIG
     config = _config(Path(path))
@@ -110,14 +123,16 @@ def build_defs(config_path: Path | None = None) -> Definitions:
 
     @sensor(minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
             description="Shows a running `cdc stream` (or any run) in Dagster: each micro-batch of pipeline_metrics becomes an "
-                        "observation of raw_change_events with its rows, rows/s and lag, so they plot over time.")
+                        "observation of raw_change_events with its rows, rows/s and lag, so they plot over time; each "
+                        "latest-state table is observed as current to the newest of them (its freshness).")
     def stream_batches(context: SensorEvaluationContext):  # type: ignore[no-untyped-def]
         after = dt.datetime.fromisoformat(context.cursor) if context.cursor else None
         batches = checks.batches_since(config.lake, after, limit=STREAM_BATCHES_PER_TICK)
         if not batches:
             return SkipReason(f"no new micro-batches in {config.lake / 'pipeline_metrics'}")
         return SensorResult(
-            asset_events=[AssetObservation(asset_key=AssetKey("raw_change_events"), metadata=stream_batch_metadata(b)) for b in batches],
+            asset_events=[AssetObservation(asset_key=AssetKey("raw_change_events"), metadata=stream_batch_metadata(b)) for b in batches]
+            + latest_state_observations(config, batches),
             cursor=batches[-1]["finished_at"].isoformat(),
         )
 

@@ -105,11 +105,18 @@ def test_the_stream_sensor_reports_each_micro_batch_once(pipeline_run: Any) -> N
     workload, defs, _, instance = pipeline_run
     sensor = defs.resolve_sensor_def("stream_batches")
     batches = lake.open_table(load_config(workload.config_path).lake / "pipeline_metrics").to_pyarrow_table(columns=["batch_id"]).num_rows
+    config = load_config(workload.config_path)
     first = sensor(build_sensor_context(instance=instance))
-    assert isinstance(first, SensorResult) and len(first.asset_events) == batches >= 1
-    observed = first.asset_events[-1]
-    assert observed.asset_key.to_user_string() == "raw_change_events"
+    assert isinstance(first, SensorResult) and len(first.asset_events) == batches + len(config.tables) and batches >= 1
+    raw = [e for e in first.asset_events if e.asset_key.to_user_string() == "raw_change_events"]
+    assert len(raw) == batches
+    observed = raw[-1]
     assert {"rows_read", "change_events", "rows_per_second", "batch_id", "query_id", "dagster/last_updated_timestamp"} <= set(observed.metadata)
+    # every latest-state table once, as current as the newest finished batch (the stream keeps its freshness policy green)
+    tables = {e.asset_key.to_user_string(): e.metadata for e in first.asset_events if e not in raw}
+    assert set(tables) == {t.name for t in config.tables}
+    newest = max(e.metadata["dagster/last_updated_timestamp"].value for e in raw)
+    assert all(m["dagster/last_updated_timestamp"].value == newest and m["batch_id"] == observed.metadata["batch_id"] for m in tables.values())
     again = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
     assert isinstance(again, SkipReason)
 
