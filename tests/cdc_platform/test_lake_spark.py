@@ -108,8 +108,9 @@ def test_rows_written_refuses_a_commit_it_cannot_vouch_for(spark: Any, table: Pa
     lake_spark.append_once(df, table, "q:raw", 0)
     lake_spark.append_once(df, table, "other:raw", 0)  # another writer committed after version 1
     assert lake_spark.rows_written(spark, table, 2) == 1
-    with pytest.raises(LakeError, match="another writer committed in between"):
-        lake_spark.rows_written(spark, table, 1)
+    assert lake_spark.rows_written(spark, table, 1, "q:raw", 0) == 1  # its own commit, by the application transaction in it
+    with pytest.raises(LakeError, match="not the commit of q:raw batch 0: another writer committed in between"):
+        lake_spark.rows_written(spark, table, 2, "q:raw", 0)
     spark.conf.set("spark.databricks.delta.history.metricsEnabled", "false")
     try:
         lake_spark.append_once(df, table, "q:raw", 1)
@@ -117,6 +118,18 @@ def test_rows_written_refuses_a_commit_it_cannot_vouch_for(spark: Any, table: Pa
             lake_spark.rows_written(spark, table, 3)
     finally:
         spark.conf.unset("spark.databricks.delta.history.metricsEnabled")
+
+
+def test_commit_actions_read_one_commit_of_the_log(spark: Any, table: Path) -> None:
+    """The log file of one version, as Delta wrote it; none for a version the log does not hold."""
+    df = spark.createDataFrame([("a", D1, 1), ("b", D2, 2)], SCHEMA)
+    lake_spark.append_once(df, table, "q:raw", 7)
+    actions = lake_spark.commit_actions(spark, table, 1)
+    assert actions is not None
+    assert {"appId": "q:raw", "version": 7} == {k: v for k, v in next(a["txn"] for a in actions if "txn" in a).items() if k != "lastUpdated"}
+    assert sum(1 for a in actions if "add" in a) >= 1
+    assert next(a["commitInfo"] for a in actions if "commitInfo" in a)["operationMetrics"]["numOutputRows"] == "2"
+    assert lake_spark.commit_actions(spark, table, 5) is None
 
 
 def test_insert_new_once_with_nothing_to_insert(spark: Any, table: Path) -> None:
