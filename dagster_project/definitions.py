@@ -72,9 +72,8 @@ def latest_state_observations(config: PlatformConfig, batches: list[dict[str, ob
     """One observation per latest-state table for a tick's finished batches: every stage took each of
     them, so every table holds the source up to their newest time (`checks.applied_source_time`), and
     its freshness policy sees the running stream, not only the last Dagster run."""
-    times = [lake.newest(b.get("newest_source_ts"), b.get("newest_heartbeat_ts")) for b in batches]  # type: ignore[arg-type]
-    newest = lake.newest(*times)
-    if newest is None or not batches:
+    newest = lake.newest(*(lake.newest(b.get("newest_source_ts"), b.get("newest_heartbeat_ts")) for b in batches))  # type: ignore[arg-type]
+    if newest is None:  # no batch read a change or a heartbeat (or none at all)
         return []
     last = batches[-1]
     meta = {"query_id": str(last["query_id"]), "batch_id": int(last["batch_id"]), **md.source_time(newest)}  # type: ignore[call-overload]
