@@ -11,6 +11,8 @@ Anything that cannot be installed raises `TestbedError` with one line naming wha
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import hashlib
 import os
@@ -18,6 +20,8 @@ import pwd
 import shutil
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,8 @@ APT_LOG = TARGET / "apt.log"
 DEBIAN_PACKAGES = ("postgresql", "mariadb-server")
 
 _lock = threading.Lock()
+#: How long an apt command waits for another apt process's lock before it fails (seconds).
+APT_LOCK_WAIT = 600
 
 
 @dataclass(frozen=True)
@@ -138,12 +144,27 @@ def _apt_install(packages: tuple[str, ...]) -> None:
             ["apt-get", "-o", "DPkg::Lock::Timeout=300", "update", "-q"],
             ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "--no-install-recommends", *packages],
         ):
-            log.write(f"$ {' '.join(cmd)}\n")
-            log.flush()
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, check=False)
+            deadline = time.monotonic() + APT_LOCK_WAIT
+            while True:
+                log.write(f"$ {' '.join(cmd)}\n")
+                log.flush()
+                start = log.tell()
+                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, check=False)
+                log.flush()
+                if proc.returncode == 0 or time.monotonic() > deadline or not _held_lock(APT_LOG, start):
+                    break
+                time.sleep(5)  # another apt (outside this project) holds its lock: wait for it
             if proc.returncode != 0:
                 tail = [line for line in APT_LOG.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
                 raise TestbedError(f"test bed: `{' '.join(cmd)}` failed: {tail[-1] if tail else 'no output'} (log: {APT_LOG})")
+
+
+def _held_lock(log: Path, since: int) -> bool:
+    """Whether the apt run logged from byte `since` failed only because another apt held a lock."""
+    with log.open("rb") as f:
+        f.seek(since)
+        text = f.read().decode("utf-8", errors="replace")
+    return "Could not get lock" in text
 
 
 def _user(name: str) -> str | None:
@@ -157,10 +178,24 @@ def _user(name: str) -> str | None:
     return name
 
 
+@contextlib.contextmanager
+def _installing() -> Iterator[None]:
+    """Hold the install step for this process's threads and for every other process (pytest-xdist
+    workers, a `make stack` beside the tests): two `apt-get update`s at once make the second fail at
+    once on apt's list lock, which `DPkg::Lock::Timeout` does not cover."""
+    TARGET.mkdir(parents=True, exist_ok=True)
+    with _lock, (TARGET / ".install.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 def ensure_programs() -> Programs:
     """Locate (and install when missing) the server programs; raise one line when that is impossible."""
-    with _lock:
-        found = _locate()
+    with _installing():
+        found = _locate()  # after the lock: another process may have installed them meanwhile
         missing = [name for key, name in (("initdb", "postgresql"), ("mariadbd", "mariadb-server"), ("mariadb_install_db", "mariadb-server")) if not found[key]]
         if missing:
             _apt_install(tuple(dict.fromkeys(missing)))

@@ -180,6 +180,44 @@ def test_missing_servers_without_root_say_what_to_install(scratch_target: Path, 
         install.ensure_programs()
 
 
+def test_apt_waits_for_another_apt_holding_its_lock_then_installs(scratch_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two installers at once (two pytest-xdist workers, say): the second `apt-get update` found the list
+    lock held and failed at once (CI replica, 2026-11-26); now it waits for the lock and goes on."""
+    bin_dir = scratch_target.parent / "bin"
+    bin_dir.mkdir()
+    calls = scratch_target.parent / "calls"
+    fake = bin_dir / "apt-get"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$*\" >> {calls}\n"
+        f"if [ \"$(grep -c update {calls})\" = 1 ]; then\n"
+        "  echo 'E: Could not get lock /var/lib/apt/lists/lock. It is held by process 3079 (apt-get)'; exit 100\n"
+        "fi\n"
+        "exit 0\n",
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(install.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(install.time, "sleep", lambda _s: None)
+    install._apt_install(("postgresql",))
+    lines = calls.read_text(encoding="utf-8").splitlines()
+    assert [line.split()[2] for line in lines] == ["update", "update", "install"]
+
+
+def test_apt_failing_for_another_reason_fails_at_once_in_one_line(scratch_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = scratch_target.parent / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "apt-get"
+    fake.write_text("#!/bin/sh\necho 'E: Unable to locate package postgresql'\nexit 100\n", encoding="utf-8")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(install.os, "geteuid", lambda: 0)
+    with pytest.raises(TestbedError, match=r"^test bed: `apt-get .* update -q` failed: E: Unable to locate package postgresql"):
+        install._apt_install(("postgresql",))
+    assert (scratch_target / "apt.log").read_text(encoding="utf-8").count("$ apt-get") == 1
+
+
 def test_jars_are_current_only_for_the_poms_they_were_resolved_from(scratch_target: Path) -> None:
     (scratch_target / "kafka-libs").mkdir(parents=True)
     (scratch_target / "kafka-libs" / "kafka_2.13-4.1.1.jar").write_bytes(b"")
