@@ -34,12 +34,28 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 _SERVER_FIXTURES = ("testbed", "spark_cluster")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the group marks to name the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         server = next((f for f in _SERVER_FIXTURES if f in fixtures), None)
         if server is not None:
             item.add_marker(pytest.mark.xdist_group(server))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup`, every test that starts a server must carry its group in its node id (that is
+    how pytest-xdist sends a group to one worker); else each worker would start its own servers, at once."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    ungrouped = [item.nodeid for item in session.items
+                 if any(f in getattr(item, "fixturenames", ()) for f in _SERVER_FIXTURES) and "@" not in item.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(ungrouped)} server test(s) (first: {ungrouped[0]}); "
+            "this pytest/pytest-xdist pair does not support --dist loadgroup (see pyproject.toml's pin)"
+        )
 
 
 @pytest.fixture(scope="session")
