@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from cdc_platform import lake, schemas
+from cdc_platform import lake, lake_spark, schemas
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope import KeySpec, canonical_json, parse_line, rows_to_batch
 from cdc_platform.errors import ConfigError, LakeError
@@ -253,7 +253,7 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     fingerprint = hashlib.blake2b("\n".join(sorted(kept.column("event_id").to_pylist())).encode(), digest_size=8).hexdigest()
     ctx = BatchContext(config, query_id=f"backfill-{name}-{fingerprint}", batch_id=0)
     lake.insert_new_once(lake.table_path(config.lake, RAW), kept, "event_id", "event_date", ctx.app_id(RAW), 0, range_column="position")
-    applied = apply_table(config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
+    applied = apply_table(lake_spark.session(), config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
     dead = [batch.dead_letters]
     if applied is not None and applied.dead:
         dead.append(dead_letter_rows(applied.dead, stage=STAGE, batch_id=None))

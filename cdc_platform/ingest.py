@@ -7,9 +7,10 @@ driver sees one small aggregate per batch. Inside a batch the data flows one way
 markers first, then every later stage (latest state, transactions) from the same parsed batch, then
 dead letters and one `pipeline_metrics` row.
 
-Move in progress (issue 10): the later stages still fold in the driver on Arrow and commit their own
-tables with delta-rs, so for them the batch's events are collected (`_stage_batch`); the raw log,
-markers, dead letters and metrics no longer pass through the driver.
+Stages come in two kinds (`stage.py`). A Spark stage (latest state) takes the batch as DataFrames and
+does its per-event work on the executors; the transaction stage still folds in the driver on Arrow and
+commits with delta-rs (issue 10 moves it next), so for it alone the batch's events are collected, once
+(`_stage_batch`). The raw log, markers, dead letters, metrics and latest state never pass through the driver.
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
 ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit
@@ -37,7 +38,19 @@ from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError
 from cdc_platform.onboarding import ConfigWatch, build_from_raw_log
 from cdc_platform.run_reports import BatchReport, FoldedBatches, RunReport
-from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW, BatchContext, ParsedBatch, Stage, run_stage
+from cdc_platform.stage import (
+    DEAD_LETTER,
+    MARKERS,
+    METRICS,
+    RAW,
+    BatchContext,
+    ParsedBatch,
+    SparkBatch,
+    SparkStage,
+    Stage,
+    run_spark_stage,
+    run_stage,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -58,7 +71,7 @@ class _StopRequested(Exception):
     """A micro-batch Spark started while the job was stopping: refused, so it replays on restart."""
 
 
-def default_stages(config: PlatformConfig) -> list[Stage]:
+def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     """The stages after the raw log, in data-flow order."""
     # Imported here, not at the top: a tool that only reads or writes the raw log need not load the stages.
     from cdc_platform.latest_state import LatestStateStage
@@ -163,7 +176,7 @@ class IngestJob:
     def __init__(
         self,
         config: PlatformConfig,
-        stages: Sequence[Stage] | None = None,
+        stages: Sequence[Stage | SparkStage] | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
@@ -280,9 +293,8 @@ class IngestJob:
         distinct = figures_.distinct_events + figures_.distinct_markers
         duplicates = figures_.in_batch_duplicates + (0 if replayed else distinct - landed[RAW] - landed[MARKERS])
 
-        t = time.perf_counter()
-        batch = self._stage_batch(split, batch_id, started)
-        seconds["collect"] = time.perf_counter() - t
+        spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started)
+        collected: list[ParsedBatch] = []  # the batch on the driver, collected once for the stages that need it
         isolated = 0
 
         def write_isolated(rows: pa.Table, stage_name: str) -> None:
@@ -293,25 +305,44 @@ class IngestJob:
                 landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + rows.num_rows
 
         stage_dead: list[pa.Table] = []
-        for stage in self.stages:
-            t = time.perf_counter()
-            result = run_stage(stage, batch, ctx, write_isolated)
-            seconds[stage.name] = time.perf_counter() - t
-            for k, v in result.rows_landed.items():
-                landed[k] = landed.get(k, 0) + v
-            figures.update({f"{stage.name}.{k}": float(v) for k, v in result.figures.items()})
-            if result.dead_letters is not None and result.dead_letters.num_rows:
-                stage_dead.append(result.dead_letters)
+        stage_frames: list[tuple[DataFrame, int]] = []
+        releases: list[Callable[[], None]] = []
+        try:
+            for stage in self.stages:
+                t = time.perf_counter()
+                if callable(getattr(stage, "run", None)):
+                    result = run_spark_stage(stage, spark_batch, ctx)
+                else:
+                    if not collected:
+                        collected.append(self._stage_batch(split, batch_id, started))
+                        seconds["collect"] = time.perf_counter() - t
+                        t = time.perf_counter()
+                    result = run_stage(stage, collected[0], ctx, write_isolated)
+                seconds[stage.name] = time.perf_counter() - t
+                if result.release is not None:
+                    releases.append(result.release)
+                for k, v in result.rows_landed.items():
+                    landed[k] = landed.get(k, 0) + v
+                figures.update({f"{stage.name}.{k}": float(v) for k, v in result.figures.items()})
+                if result.dead_letters is not None and result.dead_letters.num_rows:
+                    stage_dead.append(result.dead_letters)
+                if result.dead_frame is not None and result.dead_count:
+                    stage_frames.append((result.dead_frame, result.dead_count))
 
-        t = time.perf_counter()
-        dead_count = figures_.dead_letters + sum(d.num_rows for d in stage_dead)
-        if dead_count:
-            dead = split.dead_letters
-            for rows in stage_dead:
-                dead = dead.unionByName(lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER))
-            if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
-                landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
-        seconds["dead_letter"] = time.perf_counter() - t
+            t = time.perf_counter()
+            dead_count = figures_.dead_letters + sum(d.num_rows for d in stage_dead) + sum(n for _, n in stage_frames)
+            if dead_count:
+                dead = split.dead_letters
+                for rows in stage_dead:
+                    dead = dead.unionByName(lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER))
+                for frame, _ in stage_frames:
+                    dead = dead.unionByName(frame)
+                if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
+                    landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
+            seconds["dead_letter"] = time.perf_counter() - t
+        finally:
+            for release in releases:
+                release()
 
         report = BatchReport(
             batch_id=batch_id,
@@ -338,12 +369,12 @@ class IngestJob:
         return report
 
     def _stage_batch(self, split: parse_spark.SplitBatch, batch_id: int, started: dt.datetime) -> ParsedBatch:
-        """The batch the later stages take. They still work on Arrow in the driver (issue 10 moves them
-        onto Spark next), so only they collect the batch's events, and only when one is configured."""
+        """The batch a stage that works on Arrow in the driver takes (the transaction stage, until it moves
+        onto Spark too): collected once, and only when such a stage runs."""
         figures_ = split.figures
 
         def collect(rows: DataFrame, schema: pa.Schema, count: int) -> pa.Table:
-            return _conform(parse_spark.in_order(rows), schema) if self.stages and count else schema.empty_table()
+            return _conform(parse_spark.in_order(rows), schema) if count else schema.empty_table()
 
         return ParsedBatch(
             batch_id=batch_id,

@@ -18,7 +18,7 @@ table, and it already holds the rules that move must keep:
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,13 +166,129 @@ def _log_version(spark: SparkSession, path: Path | str) -> int | None:
         return None
 
 
-def append_once(df: DataFrame, path: Path | str, application: str, batch: int) -> bool:
-    """Append `df` unless this application already committed `batch` (or a later one); True if it wrote."""
+def append_once(df: DataFrame, path: Path | str, application: str, batch: int, *, merge_schema: bool = False) -> bool:
+    """Append `df` unless this application already committed `batch` (or a later one); True if it wrote.
+
+    `merge_schema` adds the columns `df` has and the table lacks in the same commit (a latest-state
+    table's new source columns); the types of columns both have must agree (a widening rewrites first).
+    """
     spark = df.sparkSession
     before = version(spark, path)
-    (df.write.format("delta").mode("append")
-     .option("txnAppId", application).option("txnVersion", batch).save(location(path)))
+    writer = df.write.format("delta").mode("append").option("txnAppId", application).option("txnVersion", batch)
+    if merge_schema:
+        writer = writer.option("mergeSchema", "true")
+    writer.save(location(path))
     return version(spark, path) != before
+
+
+#: Characters Delta refuses in a column name unless the table maps names to physical ones (column mapping).
+_NEEDS_MAPPING = frozenset(" ,;{}()\n\t=")
+
+
+def needs_column_mapping(names: Sequence[str]) -> bool:
+    """Whether Delta takes these column names only with column mapping (a space, a comma, ... in a name)."""
+    return any(ch in _NEEDS_MAPPING for name in names for ch in name)
+
+
+def allow_any_column_names(spark: SparkSession, path: Path | str) -> None:
+    """Turn on Delta's column mapping by name for the table, once: source tables may name a column
+    `my col` or `x") --`, which Delta refuses in a table without it. An in-place protocol upgrade
+    (reader 2, writer 5) of one metadata commit; only tables that meet such a name pay it."""
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, location(path)).detail().select("properties").first()
+    if detail is not None and (detail["properties"] or {}).get("delta.columnMapping.mode") == "name":
+        return
+    spark.sql(
+        f"ALTER TABLE delta.`{_path_identifier(path)}` SET TBLPROPERTIES "
+        "('delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
+    )
+
+
+def already_committed(spark: SparkSession, path: Path | str, application: str, batch: int) -> bool:
+    """Whether the table's log records `application` at `batch` or later (Delta's `SetTransaction`).
+
+    Delta refuses such a write by itself; asking first lets a replayed batch skip the work around its
+    write (a widening rewrite, the compaction check). Read from Delta's log handle (internal API, as
+    `version`); should an upgrade change it, the answer is "not committed" and Delta's own check stands.
+    """
+    from py4j.protocol import Py4JError
+
+    if not is_table(spark, path):
+        return False
+    try:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(path))  # type: ignore[attr-defined]
+        snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+        found = snapshot.transactions().get(application)
+        return bool(found.isDefined()) and int(found.get()) >= batch
+    except (Py4JError, AttributeError):
+        return False
+
+
+def is_table(spark: SparkSession, path: Path | str) -> bool:
+    """Whether `path` holds a Delta table (a committed log), without reading it."""
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, location(path)))
+
+
+def partition_rows(spark: SparkSession, path: Path | str, column: str) -> dict[Any, int]:
+    """Rows per value of partition column `column` in the current snapshot, from its files' statistics
+    (`numRecords` in each add action): no data file is opened. A file without statistics counts as
+    unknown and is read with a count instead."""
+    from pyspark.sql import DataFrame as _DataFrame
+    from pyspark.sql import functions as F
+
+    try:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(path))  # type: ignore[attr-defined]
+        files = _DataFrame(log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).allFiles().toDF(), spark)
+        rows = files.select(F.col("partitionValues")[column].alias("part"),
+                            F.get_json_object("stats", "$.numRecords").cast("long").alias("n")).groupBy("part").agg(
+            F.sum("n").alias("n"), F.count(F.when(F.col("n").isNull(), 1)).alias("unknown")).collect()
+    except Exception:  # noqa: BLE001 - an internal API that moved: count instead
+        rows = None
+    if rows is None or any(r["unknown"] for r in rows):
+        counted = read(spark, path).groupBy(column).count().collect()
+        return {r[column]: int(r["count"]) for r in counted}
+    return {r["part"]: int(r["n"] or 0) for r in rows}
+
+
+def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
+    """Run a Delta commit again after it lost a race to a concurrent writer (a backfill or `cdc maintain`
+    beside the stream): Delta's optimistic concurrency refuses the commit whole, so a retry re-reads."""
+    import time
+
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    from cdc_platform.errors import CommitConflictError
+
+    delay = 0.05
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except DeltaConcurrentModificationException as exc:
+            if attempt == attempts:
+                raise CommitConflictError(
+                    f"{what}: the commit kept conflicting with another writer after {attempts} attempts "
+                    f"({str(exc).splitlines()[0]}); make sure only one stream writes this lake, then rerun (nothing was half-written)"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    return None
+
+
+def session() -> SparkSession:
+    """The active Spark session, or the process's own (`session.get_spark`) when none is active."""
+    from pyspark.sql import SparkSession as _SparkSession
+
+    active = _SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    from cdc_platform.session import get_spark
+
+    return get_spark()
 
 
 @dataclass(frozen=True)
@@ -281,7 +397,17 @@ def insert_new_once(
     after = version(spark, path)
     if after == before:
         return None
-    return rows_written(spark, path, after, application, batch)
+    # Another writer (a backfill, `cdc maintain`) may have committed right after this append: the append's
+    # commit is the one in (before, after] that carries its application transaction.
+    for at in range(after, before, -1):
+        if _carries(spark, path, at, application, batch):
+            return rows_written(spark, path, at, application, batch)
+    return rows_written(spark, path, after, application, batch)  # says which commit it could not find
+
+
+def _carries(spark: SparkSession, path: Path | str, at_version: int, application: str, batch: int) -> bool:
+    actions = commit_actions(spark, path, at_version)
+    return actions is not None and any(a.get("txn", {}).get("appId") == application and a["txn"].get("version") == batch for a in actions)
 
 
 def rows_written(spark: SparkSession, path: Path | str, at_version: int, application: str | None = None, batch: int | None = None) -> int:
@@ -317,6 +443,17 @@ def rows_written(spark: SparkSession, path: Path | str, at_version: int, applica
             "spark.databricks.delta.history.metricsEnabled is false: one stream writes a lake, with metrics on"
         )
     return int(metrics["numOutputRows"])
+
+
+def commit_metrics(spark: SparkSession, path: Path | str, at_version: int) -> dict[str, str]:
+    """The `operationMetrics` of the table's commit `at_version` (numDeletedRows, numOutputRows, ...)."""
+    actions = commit_actions(spark, path, at_version)
+    if actions is None:
+        from delta.tables import DeltaTable
+
+        row = DeltaTable.forPath(spark, location(path)).history().where(f"version = {int(at_version)}").select("operationMetrics").first()
+        return dict(row["operationMetrics"] or {}) if row is not None else {}
+    return next((dict(a["commitInfo"].get("operationMetrics") or {}) for a in actions if "commitInfo" in a), {})
 
 
 def commit_actions(spark: SparkSession, path: Path | str, at_version: int) -> list[dict[str, Any]] | None:

@@ -111,11 +111,11 @@ def maintain(
         report = TableMaintenance(name)
         table = configured.get(name)
         if table is not None:
-            folded = latest_state.compact(path, table)
+            folded = latest_state.compact(path, table, spark)
             report.folded = folded.folded
             if folded.truncated:
                 report.notes.append("applied a truncate to the base")
-            report.purged = latest_state.purge_tombstones(path, table, now)
+            report.purged = latest_state.purge_tombstones(path, table, now, spark)
             if report.purged:
                 report.notes.append(f"retention {_duration(table.tombstone_retention)}")
         report.files_before = lake_spark.file_count(spark, path)

@@ -76,6 +76,7 @@ class BatchFigures:
     heartbeats: int = 0  # control records (`control_records.py`): counted, never stored
     schema_changes: int = 0
     newest_heartbeat_ts: dt.datetime | None = None  # the newest heartbeat's `ts_ms` (control_records)
+    table_ids: tuple[str, ...] = ()  # the source tables the batch's change events belong to
 
     @property
     def in_batch_duplicates(self) -> int:
@@ -125,6 +126,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
         F.count(F.when((kind == "control") & (F.col("reason_code") == "schema_change"), F.lit(1))).alias("schema_changes"),
         F.unix_micros(F.max(F.when(kind == "change", F.col("source_ts")))).alias("newest_source_ts"),
         F.unix_micros(F.max(F.when(heartbeat, F.col("source_ts")))).alias("newest_heartbeat_ts"),
+        F.collect_set(F.when(kind == "change", F.col("table_id"))).alias("table_ids"),
         *footprint_columns("events_", F.coalesce(F.col("event_date"), today), F.col("position"), where=kind == "change"),
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     ).first()
@@ -137,6 +139,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame | 
         repeats = {r["kind"]: r["n"] for r in losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()} if has_ids else {}
         values["distinct_events"] = values["change_events"] - repeats.get("change", 0)
         values["distinct_markers"] = values["markers"] - repeats.get("marker", 0)
+    values["table_ids"] = tuple(sorted(values["table_ids"] or ()))
     footprints = {side: footprint_of(whole, f"{side}_") for side in ("events", "markers")}
     # as numbers: Python reads Spark timestamps in its local zone
     times = {k: _utc_micros(values.pop(k)) for k in ("newest_source_ts", "newest_heartbeat_ts")}

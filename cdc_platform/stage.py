@@ -16,6 +16,11 @@ this by following the protocol. A failure that is not about events stops the run
 fails whole but in no part, most of a batch failing event by event (a defect, not bad data), and any
 error while committing.
 
+A stage may instead take the batch as Spark DataFrames (`SparkStage.run`): its per-event work then runs
+on the executors, and it isolates poison events there with the same `isolate` (the latest-state stage,
+`latest_state.staging`). The job hands such a stage the batch's events and markers as they are in Spark
+and never collects them for it.
+
 This module imports no stage and no job: stages and the job both import it, never each other.
 """
 
@@ -70,13 +75,31 @@ class BatchContext:
         return lake.app_id(self.query_id, table)
 
 
+@dataclass(frozen=True)
+class SparkBatch:
+    """One micro-batch as Spark DataFrames, for a `SparkStage`: nothing of it is on the driver."""
+
+    batch_id: int
+    events: Any  # DataFrame: RAW_CHANGE_EVENTS plus `_seq` (input order), one row per event id
+    markers: Any  # DataFrame: TRANSACTION_MARKERS plus `_seq`, one row per marker id
+    table_ids: frozenset[str]  # the source tables with change events in the batch (from its one aggregate)
+    ingested_at: dt.datetime
+
+
 @dataclass
 class StageResult:
-    """What a stage reports back: rows it landed per table, figures for metrics, and its dead letters."""
+    """What a stage reports back: rows it landed per table, figures for metrics, and its dead letters.
+
+    A Spark stage's dead letters may be a DataFrame (`dead_frame`, `dead_count` rows) that the job
+    writes with the batch's other dead letters, then calls `release` (the stage's cached work).
+    """
 
     rows_landed: dict[str, int] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
     dead_letters: pa.Table | None = None
+    dead_frame: Any = None
+    dead_count: int = 0
+    release: Callable[[], None] | None = None
 
 
 class Stage(Protocol):
@@ -99,6 +122,21 @@ class Stage(Protocol):
     def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> Any: ...
 
     def commit(self, prepared: Any, ctx: BatchContext) -> StageResult: ...
+
+
+class SparkStage(Protocol):
+    """A stage that takes the batch as DataFrames and does its per-event work on the executors.
+
+    `run` commits exactly once per (query id, batch id), like `Stage.commit`, and keeps one bad event
+    from stopping the lake itself (see `latest_state.staging`); it raises `StageFailure` for a failure
+    that is not about events.
+    """
+
+    name: str
+
+    def setup(self, config: PlatformConfig) -> None: ...
+
+    def run(self, batch: SparkBatch, ctx: BatchContext) -> StageResult: ...
 
 
 class StageFailure(CdcError):
@@ -128,10 +166,10 @@ def dead_letter_rows(
 # --- Isolating the events a stage cannot take ---------------------------------------------------------
 
 #: Errors of the machine or the lake, never of one event: they stop the run at once.
-_NOT_ABOUT_EVENTS: tuple[type[BaseException], ...] = (CdcError, OSError, MemoryError)
+NOT_ABOUT_EVENTS: tuple[type[BaseException], ...] = (CdcError, OSError, MemoryError)
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
@@ -170,14 +208,14 @@ def isolate(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: s
             found.probes += 1
             probe(sub(part))
             return
-        except _NOT_ABOUT_EVENTS as exc:
-            raise StageFailure(f"the {stage} stage failed on batch {batch.batch_id}: {_describe(exc)}") from exc
+        except NOT_ABOUT_EVENTS as exc:
+            raise StageFailure(f"the {stage} stage failed on batch {batch.batch_id}: {describe_error(exc)}") from exc
         except Exception as exc:
             if len(part) == 1:
                 found.failed[part[0]] = exc
                 if len(found.failed) > limit and len(items) > 1:
                     raise StageFailure(
-                        f"the {stage} stage fails on most events of batch {batch.batch_id} one by one ({_describe(exc)}): "
+                        f"the {stage} stage fails on most events of batch {batch.batch_id} one by one ({describe_error(exc)}): "
                         "this is a defect or a set-up problem, not bad data; nothing of the batch was committed by this "
                         "stage and it replays on restart"
                     ) from exc
@@ -200,16 +238,16 @@ def run_stage(stage: Stage, batch: ParsedBatch, ctx: BatchContext, write_dead: C
     """
     try:
         prepared = stage.prepare(batch, ctx)
-    except _NOT_ABOUT_EVENTS as exc:
-        raise StageFailure(f"the {stage.name} stage failed on batch {batch.batch_id}: {_describe(exc)}") from exc
+    except NOT_ABOUT_EVENTS as exc:
+        raise StageFailure(f"the {stage.name} stage failed on batch {batch.batch_id}: {describe_error(exc)}") from exc
     except Exception as first:
         found = isolate(lambda part: stage.prepare(part, ctx), batch, stage=stage.name, failed=first)
         if not found.failed:
             raise StageFailure(
                 f"the {stage.name} stage failed on batch {batch.batch_id} as a whole but on no part of it "
-                f"({_describe(first)}); nothing of the batch was committed by this stage and it replays on restart"
+                f"({describe_error(first)}); nothing of the batch was committed by this stage and it replays on restart"
             ) from first
-        write_dead(_poison_rows(batch, found, stage.name), stage.name)
+        write_dead(poison_rows(batch, found, stage.name), stage.name)
         events = [i for i in range(batch.events.num_rows) if ("event", i) not in found.failed]
         markers = [i for i in range(batch.markers.num_rows) if ("marker", i) not in found.failed]
         rest = batch.subset(events, markers)
@@ -218,13 +256,25 @@ def run_stage(stage: Stage, batch: ParsedBatch, ctx: BatchContext, write_dead: C
         except Exception as exc:
             raise StageFailure(
                 f"the {stage.name} stage failed on batch {batch.batch_id} even without the {len(found.failed)} event(s) "
-                f"it could not take ({_describe(exc)}); the batch replays on restart"
+                f"it could not take ({describe_error(exc)}); the batch replays on restart"
             ) from exc
         result = _commit(stage, prepared, ctx, batch)
         result.figures["isolated_events"] = float(len(found.failed))
         result.figures["isolation_probes"] = float(found.probes)
         return result
     return _commit(stage, prepared, ctx, batch)
+
+
+def run_spark_stage(stage: SparkStage, batch: SparkBatch, ctx: BatchContext) -> StageResult:
+    """A Spark stage's run: its own failures are already one line; anything else is not about an event."""
+    try:
+        return stage.run(batch, ctx)
+    except CdcError:
+        raise
+    except Exception as exc:
+        raise StageFailure(
+            f"the {stage.name} stage could not commit batch {batch.batch_id}: {describe_error(exc)}; the batch replays on restart"
+        ) from exc
 
 
 def _commit(stage: Stage, prepared: Any, ctx: BatchContext, batch: ParsedBatch) -> StageResult:
@@ -234,11 +284,11 @@ def _commit(stage: Stage, prepared: Any, ctx: BatchContext, batch: ParsedBatch) 
         raise  # already one line that says what to do
     except Exception as exc:
         raise StageFailure(
-            f"the {stage.name} stage could not commit batch {batch.batch_id}: {_describe(exc)}; the batch replays on restart"
+            f"the {stage.name} stage could not commit batch {batch.batch_id}: {describe_error(exc)}; the batch replays on restart"
         ) from exc
 
 
-def _poison_rows(batch: ParsedBatch, found: Isolation, stage: str) -> pa.Table:
+def poison_rows(batch: ParsedBatch, found: Isolation, stage: str) -> pa.Table:
     events = batch.events
     markers = batch.markers
     rows: list[dict[str, Any]] = []
@@ -253,7 +303,7 @@ def _poison_rows(batch: ParsedBatch, found: Isolation, stage: str) -> pa.Table:
             **row,
             "reason_code": STAGE_ERROR,
             "reason": (
-                f"the {stage} stage raised {_describe(exc)} on this {what}; the rest of the batch was applied and the "
+                f"the {stage} stage raised {describe_error(exc)} on this {what}; the rest of the batch was applied and the "
                 f"{what} is kept in the {'raw log' if kind == 'event' else 'transaction markers'}, from which a rebuild "
                 f"re-applies it. This is a defect of the platform: report it with this line"
             ),

@@ -1,20 +1,21 @@
 """Latest state: every configured source table as it is now, kept merge-on-read from the raw change events.
 
-Layout, and why. delta-rs MERGE is copy-on-write: a batch of changes rewrites every file holding one of
-its keys, so with keys spread over the table a 10k-change batch rewrites (nearly) the whole table and the
-cost grows with the table. Instead each table `<name>` is one Delta table partitioned by `_layer`:
+Layout, and why. A MERGE of each batch into the table is copy-on-write: it rewrites every file holding
+one of its keys, so with keys spread over the table a 10k-change batch rewrites (nearly) the whole table
+and the cost grows with the table. Instead each table `<name>` is one Delta table partitioned by `_layer`:
 
 * `_layer=delta`: every micro-batch *appends* its changes, folded to the last change per key (by source
   position, then `transaction.total_order`, then arrival). An append costs the batch, not the table.
 * `_layer=base`: one row per key (live rows and tombstones) plus truncate markers, written by compaction:
-  a delta-rs MERGE of the folded delta layer into the base (`_position` decides), then a DELETE of the
-  folded delta files. Compaction runs from `cdc maintain`, and from the stream when the delta layer grows
+  a delta-spark MERGE of the folded delta layer into the base (`_position` decides), then a DELETE of the
+  folded delta rows. Compaction runs from `cdc maintain`, and from the stream when the delta layer grows
   past `max(COMPACT_MIN_CHANGES, COMPACT_RATIO x base rows)`, so its amortised cost per change is constant
   and the delta layer a view has to fold stays small.
 
-The SQL view `<name>` (see `views.latest_state_sql`) folds base and delta by max position per key with
-broadcast joins against the small delta side, so reading it costs one scan of the base. The physical
-table is registered for SQL as `<name>__stored`; `<name>__full_view` is the canonical current state.
+Where it runs: the executors type and fold each table's events (`staging`, one group per table); the
+driver commits with delta-spark (`apply`). The SQL view `<name>` (see `views.latest_state_sql`) folds base
+and delta per key; the physical table is registered for SQL as `<name>__stored`; `<name>__full_view` is
+the canonical current state.
 
 Ordering is by source position, never `ts_ms`: the higher position wins; two distinct events at an equal
 position are ordered by arrival, an identical redelivery changes nothing (see `ordering`). Debezium's
@@ -39,8 +40,9 @@ of positions, so late events slot into the middle of a history without rewriting
 
 Modules, each importing only the ones before it: `layout` (the `_layer` partition and the metadata
 columns), `connect_types` (Connect/Debezium and inferred JSON types), `rows` (change rows, typing a batch,
-building Arrow), `writing` (creating and widening the tables), `compaction` (fold the delta layer, purge
-tombstones), `apply` (the stage), `rebuild` (`cdc rebuild`). This package re-exports what the rest of the
+building Arrow), `writing` (creating and widening the tables, stored schemas and values), `compaction`
+(fold the delta layer, purge tombstones), `staging` (the executors' part of a batch), `apply` (the stage),
+`rebuild` (`cdc rebuild`). This package re-exports what the rest of the
 platform uses; its modules import each other directly, never through it.
 """
 

@@ -1,25 +1,29 @@
 """The latest-state stage: each micro-batch's changes appended to `<name>` and `<name>_history`, exactly once.
 
-`prepare` types, folds and builds each table's rows and only reads; `commit` appends them to the delta
-layer and the history (widening the table first when a column's type widened) under the batch's
-application transaction, then compacts when the delta layer has grown past the threshold.
-`apply_table` does both at once for backfills.
+Where the work runs. The executors type, fold and build each table's rows (`staging`: the batch grouped
+by table, `prepare_table` per group); the driver decides from the plans they return (a few small rows)
+and commits with delta-spark: the rows go from the executors into the Delta append, under the batch's
+application transaction (`txnAppId`/`txnVersion`), so Delta itself refuses a replayed batch. A widened
+column rewrites the table first (`writing.widen`); the delta layer is compacted once it has grown past
+the threshold (`compaction`).
+
+`prepare_table` is also what a backfill runs in the driver (`apply_table`), on a snapshot it holds.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import write_deltalake
 
-from cdc_platform import lake, unavailable
+from cdc_platform import lake, lake_spark, schemas, unavailable
 from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.latest_state import staging
 from cdc_platform.latest_state.compaction import compact
 from cdc_platform.latest_state.layout import BASE, DELTA, HISTORY_META, LAYER, META_FIELDS, STAGE
 from cdc_platform.latest_state.rows import (
@@ -32,11 +36,13 @@ from cdc_platform.latest_state.rows import (
     last_per_key,
     source_columns,
     state_schema,
-    table_schema,
     type_rows,
 )
-from cdc_platform.latest_state.writing import _evolved, _layer_rows, ensure_tables, widen
-from cdc_platform.stage import BatchContext, ParsedBatch, StageResult, dead_letter_rows
+from cdc_platform.latest_state.writing import _evolved, accept_names, ensure_tables, layer_rows, stored_lookup, stored_schema, widen
+from cdc_platform.stage import BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 #: Compaction threshold: fold the delta layer into the base once it holds this many rows, or this
 #: fraction of the base, whichever is larger (a fixed fraction keeps the amortised cost per change flat).
@@ -61,54 +67,22 @@ class TableApply:
     dead: list[dict[str, Any]] = field(default_factory=list)
 
 
-class LatestStateStage:
-    """Appends each batch's changes to `<name>` (delta layer) and `<name>_history`, exactly once."""
+@dataclass
+class TablePlan:
+    """One batch's changes to one table, typed and built, not yet written.
 
-    name = STAGE
+    Rows carry `_seq` 0 until the commit knows the Delta version they land in.
+    """
 
-    def __init__(self, compact_min_changes: int = COMPACT_MIN_CHANGES, compact_ratio: float = COMPACT_RATIO) -> None:
-        self.compact_min_changes = compact_min_changes
-        self.compact_ratio = compact_ratio
-
-    def setup(self, config: PlatformConfig) -> None:
-        for table in config.tables:
-            ensure_tables(config.lake, table)
-
-    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> list[TablePlan]:
-        events = batch.events
-        if events.num_rows == 0 or not ctx.config.tables:
-            return []
-        table_ids = events.column("table_id")
-        plans = []
-        for table in ctx.config.tables:
-            mine = events.filter(pc.equal(table_ids, table.source))
-            if mine.num_rows:
-                plans.append(prepare_table(ctx.config.lake, table, Events(mine)))
-        return plans
-
-    def commit(self, plans: list[TablePlan], ctx: BatchContext) -> StageResult:
-        result = StageResult()
-        dead: list[dict[str, Any]] = []
-        totals: dict[str, float] = {}
-        for plan in plans:
-            done = commit_table(plan, ctx=ctx, stage=self)
-            if done.rows:
-                result.rows_landed[plan.table.name] = done.rows
-            if done.history_rows:
-                result.rows_landed[plan.table.history_name] = done.history_rows
-            dead.extend(done.dead)
-            for k in ("rows", "tombstones", "truncates", "added_columns", "widened_columns", "compacted", "compact_seconds",
-                      "unavailable_filled", "unavailable_unresolved"):
-                totals[k] = totals.get(k, 0.0) + float(getattr(done, k))
-        if plans:
-            totals["dead_letters"] = float(len(dead))
-            result.figures = totals
-        if dead:
-            result.dead_letters = dead_letter_rows(dead, stage=STAGE, batch_id=ctx.batch_id)
-        return result
-
-    def should_compact(self, layers: Mapping[str, int]) -> bool:
-        return layers[DELTA] >= max(self.compact_min_changes, self.compact_ratio * layers[BASE])
+    table: TableConfig
+    out: TableApply
+    state: pa.Table | None = None  # rows for `<name>`, conformed to `state_target`
+    state_target: pa.Schema | None = None
+    state_rewrite: bool = False
+    history: pa.Table | None = None
+    history_target: pa.Schema | None = None
+    history_rewrite: bool = False
+    typed: TypedRows | None = None
 
 
 def _dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
@@ -122,38 +96,21 @@ def _dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict
     ]
 
 
-@dataclass
-class TablePlan:
-    """One batch's changes to one table, typed and built, not yet written (see `stage.Stage.prepare`).
-
-    Rows carry `_seq` 0 until `commit_table` knows the Delta version they land in.
-    """
-
-    lake_dir: Path
-    table: TableConfig
-    out: TableApply
-    state: pa.Table | None = None  # rows for `<name>`, conformed to `state_target`
-    state_target: pa.Schema | None = None
-    state_rewrite: bool = False
-    history: pa.Table | None = None
-    history_target: pa.Schema | None = None
-    history_rewrite: bool = False
-    typed: TypedRows | None = None
-
-
-def prepare_table(lake_dir: Path, table: TableConfig, events: Events) -> TablePlan:
-    """Type, fold and build one batch's rows for one table; reads the stored schemas, writes nothing."""
+def prepare_table(
+    table: TableConfig, current: pa.Schema, hcurrent: pa.Schema | None, events: Events, lookup: unavailable.StoredLookup | None,
+) -> TablePlan:
+    """Type, fold and build one batch's rows for one table against its stored schemas; pure (no I/O
+    beyond `lookup`, the stored values of keys whose unavailable-value placeholder the batch cannot fill)."""
     out = TableApply()
-    plan = TablePlan(lake_dir, table, out)
-    path = lake.table_path(lake_dir, table.name)
-    current = table_schema(path) if (path / "_delta_log").is_dir() else state_schema({})
+    plan = TablePlan(table, out)
     rows, bad = change_rows(events, table.key)
     typed, out.unavailable_filled, out.unavailable_unresolved = unavailable.resolve_batch(
-        rows, events, lambda: type_rows(rows, events, source_columns(current), table), table.key, unavailable.stored_lookup(path, table.key))
+        rows, events, lambda: type_rows(rows, events, source_columns(current), table), table.key, lookup)
     for e, code, reason in bad:
         typed.dead.setdefault(e, (code, reason))
     out.dead = _dead_rows(events, typed.dead)
     live = [i for i, r in enumerate(rows) if r.event not in typed.dead]
+    plan.typed = typed
     if not live:
         return plan
     winners = last_per_key([rows[i] for i in live], events)
@@ -161,73 +118,266 @@ def prepare_table(lake_dir: Path, table: TableConfig, events: Events) -> TablePl
     out.tombstones = sum(1 for i in chosen if rows[i].deleted and rows[i].key is not None)
     out.truncates = sum(1 for i in chosen if rows[i].key is None)
     out.added_columns, out.widened_columns = len(typed.added), len(typed.widened)
-    plan.typed = typed
     plan.state_target, plan.state_rewrite = _evolved(current, typed.columns, META_FIELDS)
     plan.state = conform(build_rows(typed, events, sorted(chosen), table.key, seq=0), plan.state_target)
     if table.history:
-        hpath = lake.table_path(lake_dir, table.history_name)
-        hcurrent = table_schema(hpath) if (hpath / "_delta_log").is_dir() else history_schema({})
-        plan.history_target, plan.history_rewrite = _evolved(hcurrent, typed.columns, HISTORY_META)
+        plan.history_target, plan.history_rewrite = _evolved(hcurrent if hcurrent is not None else history_schema({}), typed.columns, HISTORY_META)
         plan.history = conform(build_rows(typed, events, live, table.key, seq=0, history=True), plan.history_target)
     return plan
+
+
+class LatestStateStage:
+    """Appends each batch's changes to `<name>` (delta layer) and `<name>_history`, exactly once.
+
+    A Spark stage (`stage.SparkStage`): `run` takes the batch as DataFrames. `prepare` replaces
+    `prepare_table` in the executors' groups (tests inject failures through it).
+    """
+
+    name = STAGE
+
+    def __init__(self, compact_min_changes: int = COMPACT_MIN_CHANGES, compact_ratio: float = COMPACT_RATIO,
+                 prepare: staging.Prepare | None = None) -> None:
+        self.compact_min_changes = compact_min_changes
+        self.compact_ratio = compact_ratio
+        self.prepare = prepare
+
+    def setup(self, config: PlatformConfig) -> None:
+        spark = lake_spark.session()
+        for table in config.tables:
+            ensure_tables(spark, config.lake, table)
+
+    def should_compact(self, layers: Mapping[str, int]) -> bool:
+        return layers[DELTA] >= max(self.compact_min_changes, self.compact_ratio * layers[BASE])
+
+    def run(self, batch: SparkBatch, ctx: BatchContext) -> StageResult:
+        """Stage the batch's events on the executors, then commit each table's rows (see the module doc)."""
+        config = ctx.config
+        tables = [t for t in config.tables if t.source in batch.table_ids]
+        if not tables:
+            return StageResult()
+        spark = batch.events.sparkSession
+        inputs = {t.source: _table_input(spark, config.lake, t) for t in tables}
+        staged, plans = self._stage(batch.events, inputs, ctx)
+        try:
+            needs = {tid: p for tid, p in plans.items() if p.part == staging.NEED}
+            if needs:  # placeholders only the stored state can fill: read it, stage those tables again
+                again = {}
+                for tid, need in needs.items():
+                    table = inputs[tid].table
+                    keys = staging.decode_one(need.payload)
+                    found = stored_lookup(spark, lake.table_path(config.lake, table.name), table.key, keys, need.info["columns"])
+                    again[tid] = _with_lookup(inputs[tid], found)
+                restaged, replans = self._stage(batch.events.where(_table_in(again)), again, ctx)
+                staged = _Staged([*staged.frames, *restaged.frames])
+                plans.update(replans)
+            result = StageResult()
+            totals: dict[str, float] = {}
+            dead_frames: list[DataFrame] = []
+            for tid, plan in sorted(plans.items()):
+                if plan.part == staging.NEED:
+                    raise StageFailure(f"the {STAGE} stage asked twice for stored values of {tid} in batch {ctx.batch_id}; the batch replays on restart")
+                frame = staged.frame_of(tid)
+                done = self._commit_table(spark, config.lake, inputs[tid].table, plan, frame, ctx)
+                if done.rows:
+                    result.rows_landed[inputs[tid].table.name] = done.rows
+                if done.history_rows:
+                    result.rows_landed[inputs[tid].table.history_name] = done.history_rows
+                for k, v in plan.info["figures"].items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+                for k in ("compacted", "compact_seconds"):
+                    totals[k] = totals.get(k, 0.0) + float(getattr(done, k))
+                if not done.rows:
+                    for k in ("added_columns", "widened_columns"):
+                        totals[k] = totals.get(k, 0.0) - float(plan.info["figures"].get(k, 0.0))
+                if plan.info.get("dead"):
+                    dead_frames.append(_decoded(frame, tid, staging.DEAD, schemas.DEAD_LETTER))
+                    totals["dead_letters"] = totals.get("dead_letters", 0.0) + float(plan.info["dead"])
+            totals.setdefault("dead_letters", 0.0)
+            result.figures = totals
+            if dead_frames:
+                dead = dead_frames[0]
+                for more in dead_frames[1:]:
+                    dead = dead.unionByName(more)
+                result.dead_frame, result.dead_count = dead, int(totals["dead_letters"])
+            result.release = staged.release
+            return result
+        except BaseException:
+            staged.release()
+            raise
+
+    def _stage(self, events: DataFrame, inputs: Mapping[str, staging.TableInput], ctx: BatchContext) -> tuple[_Staged, dict[str, _Plan]]:
+        """The executors' part: one `applyInArrow` group per table; the plans (small) come back to the driver."""
+        from pyspark.sql import functions as F
+
+        context = staging.StagingContext(tables=dict(inputs), stage=STAGE, batch_id=ctx.batch_id, prepare=self.prepare or prepare_table)
+        # `line` (the whole envelope, the widest column) stays out of the shuffle: only dead letters need it,
+        # and they take it back from the batch by input order.
+        wanted = [c for c in events.columns if c != "line"]
+        staged = (events.where(_table_in(inputs)).select(*wanted)
+                  .groupBy("table_id").applyInArrow(staging.group_function(context), lake_spark.spark_schema(staging.STAGED)))
+        staged = staged.persist()
+        try:
+            small = staged.where(F.col("part").isin(staging.PLAN, staging.NEED, staging.FAILURE)).collect()
+        except BaseException:
+            staged.unpersist()
+            raise
+        failures = [r for r in small if r["part"] == staging.FAILURE]
+        if failures:
+            staged.unpersist()
+            raise StageFailure(json.loads(sorted(failures, key=lambda r: r["table_id"])[0]["info"])["message"])
+        plans = {r["table_id"]: _Plan(r["part"], r["payload"], json.loads(r["info"] or "{}")) for r in small}
+        return _Staged([(set(plans), staged, events)]), plans
+
+    def _commit_table(self, spark: SparkSession, lake_dir: Path, table: TableConfig, plan: _Plan, frame: tuple[DataFrame, DataFrame],
+                      ctx: BatchContext) -> TableApply:
+        """Append one table's staged rows (and history) exactly once; widen first if a column widened; maybe compact."""
+        out = TableApply()
+        info = plan.info
+        if plan.payload is None:
+            return out  # every event of the table was dead-lettered
+        target = pa.ipc.read_schema(pa.py_buffer(plan.payload))
+        path = lake.table_path(lake_dir, table.name)
+        app = ctx.app_id(table.name)
+        if not lake_spark.already_committed(spark, path, app, ctx.batch_id):
+            accept_names(spark, path, target)
+            if info["state_rewrite"]:
+                widen(spark, path, target, [LAYER])
+            rows = _decoded(frame, None, staging.STATE, target, seq=lake_spark.version(spark, path) + 1)
+            if lake_spark.append_once(rows, path, app, ctx.batch_id, merge_schema=True):
+                out.rows = int(info["figures"]["rows"])
+                layers = layer_rows(spark, path)
+                if self.should_compact(layers):
+                    t0 = time.perf_counter()
+                    out.compacted = compact(path, table, spark).folded
+                    out.compact_seconds = time.perf_counter() - t0
+        htarget = staging.schema_of(info.get("history_schema"))
+        if htarget is not None and info.get("history_rows"):
+            hpath = lake.table_path(lake_dir, table.history_name)
+            happ = ctx.app_id(table.history_name)
+            if not lake_spark.already_committed(spark, hpath, happ, ctx.batch_id):
+                accept_names(spark, hpath, htarget)
+                if info["history_rewrite"]:
+                    widen(spark, hpath, htarget, None)
+                rows = _decoded(frame, None, staging.HISTORY, htarget, seq=lake_spark.version(spark, hpath) + 1)
+                if lake_spark.append_once(rows, hpath, happ, ctx.batch_id, merge_schema=True):
+                    out.history_rows = int(info["history_rows"])
+        return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    part: str  # PLAN or NEED
+    payload: bytes | None
+    info: dict[str, Any]
+
+
+@dataclass
+class _Staged:
+    """The persisted staged frames of a batch (a second pass adds one), and the events each was made from."""
+
+    frames: list[tuple[set[str], DataFrame, DataFrame]]
+
+    def frame_of(self, table_id: str) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import functions as F
+
+        for tids, staged, events in reversed(self.frames):  # the later pass wins
+            if table_id in tids:
+                return staged.where(F.col("table_id") == table_id), events
+        raise KeyError(table_id)
+
+    def release(self) -> None:
+        for _, staged, _ in self.frames:
+            staged.unpersist()
+
+
+def _decoded(frame: tuple[DataFrame, DataFrame], table_id: str | None, part: str, schema: pa.Schema, *, seq: int | None = None) -> DataFrame:
+    """One part of a table's staged rows as a DataFrame of `schema`, decoded on the executors.
+
+    Dead letters get their `line` back from the batch's events by event id (it stayed out of the shuffle).
+    """
+    from pyspark.sql import functions as F
+
+    staged, events = frame
+    rows = staged.where(F.col("part") == part).select("payload")
+    constants = {"_seq": seq} if seq is not None else None
+    decoded = rows.mapInArrow(staging.decoder(schema, constants), lake_spark.spark_schema(schema))
+    if part != staging.DEAD:
+        return decoded
+    lines = events.select(F.col("event_id").alias("__id"), F.col("line").alias("__line"))  # one row per id (split)
+    joined = decoded.join(lines, decoded["event_id"] == lines["__id"], "left")
+    return joined.select(*[(F.coalesce(F.col("line"), F.col("__line")) if f.name == "line" else F.col(f.name)).alias(f.name) for f in schema])
+
+
+def _table_in(inputs: Collection[str]) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("table_id").isin(sorted(inputs))
+
+
+def _table_input(spark: SparkSession, lake_dir: Path, table: TableConfig) -> staging.TableInput:
+    path = lake.table_path(lake_dir, table.name)
+    current = stored_schema(spark, path) or state_schema({})
+    hcurrent = stored_schema(spark, lake.table_path(lake_dir, table.history_name)) if table.history else None
+    return staging.TableInput(table=table, state_schema=current, history_schema=hcurrent)
+
+
+def _with_lookup(given: staging.TableInput, found: staging.Stored) -> staging.TableInput:
+    return staging.TableInput(table=given.table, state_schema=given.state_schema, history_schema=given.history_schema, lookup=found)
+
+
+def apply_table(spark: SparkSession, lake_dir: Path, table: TableConfig, events: Events, *, ctx: BatchContext,
+                stage: LatestStateStage) -> TableApply:
+    """Prepare one table's events in the driver and commit them with delta-spark (backfills, which hold
+    their snapshot in the driver already and isolate nothing)."""
+    ensure_tables(spark, lake_dir, table)
+    path = lake.table_path(lake_dir, table.name)
+    current = stored_schema(spark, path) or state_schema({})
+    hcurrent = stored_schema(spark, lake.table_path(lake_dir, table.history_name)) if table.history else None
+
+    def lookup(keys: list[tuple[Any, ...]], columns: list[str]) -> staging.Stored:
+        if not keys:
+            return {}
+        key_types = {k: current.field(k).type for k in table.key if k in current.names}
+        if len(key_types) < len(table.key):
+            return {}
+        key_table = pa.table({k: pa.array([key[i] for key in keys], key_types[k]) for i, k in enumerate(table.key)})
+        return stored_lookup(spark, path, table.key, key_table, columns)
+
+    plan = prepare_table(table, current, hcurrent, events, lookup)
+    out = plan.out
+    if plan.state is not None and plan.state_target is not None:
+        app = ctx.app_id(table.name)
+        if not lake_spark.already_committed(spark, path, app, ctx.batch_id):
+            accept_names(spark, path, plan.state_target)
+            if plan.state_rewrite:
+                widen(spark, path, plan.state_target, [LAYER])
+            data = _with_seq(plan.state, lake_spark.version(spark, path) + 1)
+            if lake_spark.append_once(lake_spark.from_arrow(spark, data, plan.state_target), path, app, ctx.batch_id, merge_schema=True):
+                out.rows = data.num_rows
+                if stage.should_compact(layer_rows(spark, path)):
+                    t0 = time.perf_counter()
+                    out.compacted = compact(path, table, spark).folded
+                    out.compact_seconds = time.perf_counter() - t0
+        else:
+            out.added_columns = out.widened_columns = 0
+    if plan.history is not None and plan.history_target is not None:
+        hpath = lake.table_path(lake_dir, table.history_name)
+        happ = ctx.app_id(table.history_name)
+        if not lake_spark.already_committed(spark, hpath, happ, ctx.batch_id):
+            accept_names(spark, hpath, plan.history_target)
+            if plan.history_rewrite:
+                widen(spark, hpath, plan.history_target, None)
+            hdata = _with_seq(plan.history, lake_spark.version(spark, hpath) + 1)
+            if lake_spark.append_once(lake_spark.from_arrow(spark, hdata, plan.history_target), hpath, happ, ctx.batch_id, merge_schema=True):
+                out.history_rows = hdata.num_rows
+    return out
 
 
 def _with_seq(data: pa.Table, seq: int) -> pa.Table:
     return data.set_column(data.schema.get_field_index("_seq"), "_seq", pa.array([seq] * data.num_rows, pa.int64()))
 
 
-def commit_table(plan: TablePlan, *, ctx: BatchContext, stage: LatestStateStage) -> TableApply:
-    """Write a prepared table plan, exactly once per (query id, batch id); maybe compact."""
-    table, out = plan.table, plan.out
-    lake_dir = plan.lake_dir
-    path = lake.table_path(lake_dir, table.name)
-    if not (path / "_delta_log").is_dir() or (table.history and not (lake.table_path(lake_dir, table.history_name) / "_delta_log").is_dir()):
-        ensure_tables(lake_dir, table)  # normally done by `setup`; a stage used on its own creates them here
-    if plan.state is None:
-        return out
-    state = lake.open_table(path)
-    app = ctx.app_id(table.name)
-    if not lake.already_committed(state, app, ctx.batch_id):
-        if plan.state_rewrite:
-            widen(path, plan.state_target, [LAYER])
-            state = lake.open_table(path)
-        data = _with_seq(plan.state, state.version() + 1)
-        lake.with_retries(
-            lambda: write_deltalake(
-                lake.open_table(path), data, mode="append", schema_mode="merge", partition_by=[LAYER],
-                commit_properties=lake.commit_props(app, ctx.batch_id, stage=STAGE),
-            ),
-            what=f"append to {table.name}",
-        )
-        out.rows = data.num_rows
-        layers = _layer_rows(lake.open_table(path))
-        if stage.should_compact(layers):
-            t0 = time.perf_counter()
-            out.compacted = compact(path, table).folded
-            out.compact_seconds = time.perf_counter() - t0
-    else:
-        out.added_columns = out.widened_columns = 0
+def dead_letters_of(out: TableApply, batch_id: int | None) -> pa.Table:
+    """A prepared table's dead letters as `dead_letter` rows (the stage's own reasons)."""
+    return dead_letter_rows(out.dead, stage=STAGE, batch_id=batch_id)
 
-    if plan.history is not None:
-        hpath = lake.table_path(lake_dir, table.history_name)
-        history = lake.open_table(hpath)
-        happ = ctx.app_id(table.history_name)
-        if not lake.already_committed(history, happ, ctx.batch_id):
-            if plan.history_rewrite:
-                widen(hpath, plan.history_target, None)
-                history = lake.open_table(hpath)
-            hdata = _with_seq(plan.history, history.version() + 1)
-            lake.with_retries(
-                lambda: write_deltalake(
-                    lake.open_table(hpath), hdata, mode="append", schema_mode="merge",
-                    commit_properties=lake.commit_props(happ, ctx.batch_id, stage=STAGE),
-                ),
-                what=f"append to {table.history_name}",
-            )
-            out.history_rows = hdata.num_rows
-    return out
-
-
-def apply_table(lake_dir: Path, table: TableConfig, events: Events, *, ctx: BatchContext, stage: LatestStateStage) -> TableApply:
-    """Prepare and commit one table's events at once (backfills, which isolate nothing)."""
-    return commit_table(prepare_table(lake_dir, table, events), ctx=ctx, stage=stage)

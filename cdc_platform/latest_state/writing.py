@@ -1,51 +1,75 @@
-"""The Delta writes a latest-state table needs beyond an append, shared by the stage and rebuild.
+"""The Delta operations a latest-state table needs beyond an append, on delta-spark, shared by the stage,
+compaction, rebuild and backfill.
 
 Creating `<name>` and `<name>_history` (metadata columns only), rewriting a table with wider column
-types (`widen`: Delta cannot change a column's type in place here), the schema after a batch's new
-columns, and how many rows each `_layer` holds (which decides when to compact). Apart from the stage
-so that compaction and rebuild use it without importing the stage.
+types (`widen`: Delta cannot change a column's type in place without a table feature older readers
+lack), the schema after a batch's new columns, the rows each `_layer` holds (which decides when to
+compact), the stored schema the executors type against, and the stored values of a few keys (the
+unavailable-value placeholder's last resort). Apart from the stage so that compaction and rebuild use
+it without importing the stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
 
-from cdc_platform import lake
+from cdc_platform import lake, lake_spark, ordering
 from cdc_platform.config import TableConfig
 from cdc_platform.latest_state.layout import BASE, DELTA, HISTORY_META, LAYER, META_FIELDS
-from cdc_platform.latest_state.rows import conform, source_columns
+from cdc_platform.latest_state.rows import source_columns
 
-def ensure_tables(lake_dir: Path, table: TableConfig) -> None:
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def ensure_tables(spark: SparkSession, lake_dir: Path, table: TableConfig) -> None:
     """Create `<name>` (and `<name>_history`) with metadata columns only; source columns come with data."""
-    lake.ensure_table(lake.table_path(lake_dir, table.name), pa.schema(list(META_FIELDS)), [LAYER])
+    lake_spark.ensure_table(spark, lake.table_path(lake_dir, table.name), lake_spark.spark_schema(pa.schema(list(META_FIELDS))), [LAYER])
     if table.history:
-        lake.ensure_table(lake.table_path(lake_dir, table.history_name), pa.schema(list(HISTORY_META)))
+        lake_spark.ensure_table(spark, lake.table_path(lake_dir, table.history_name), lake_spark.spark_schema(pa.schema(list(HISTORY_META))))
 
 
-def widen(path: Path, target: pa.Schema, partition_by: list[str] | None) -> None:
-    """Rewrite a table with wider column types (Delta cannot change a column's type in place here).
+def accept_names(spark: SparkSession, path: Path, schema: pa.Schema) -> None:
+    """Before writing `schema` to the table: a column name Delta refuses without column mapping (a space,
+    a comma, a parenthesis: source columns may have them) turns the table's column mapping on first."""
+    if lake_spark.needs_column_mapping(schema.names):
+        lake_spark.allow_any_column_names(spark, path)
 
-    Streams the current snapshot through Arrow batches, so memory stays bounded; the old files stay
-    until `cdc maintain` vacuums them. Application transactions survive an overwrite.
+
+def stored_schema(spark: SparkSession, path: Path) -> pa.Schema | None:
+    """The table's schema as Arrow (None when there is no table), from its Delta log."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if not lake_spark.is_table(spark, path):
+        return None
+    return to_arrow_schema(lake_spark.read(spark, path).schema)
+
+
+def widen(spark: SparkSession, path: Path, target: pa.Schema, partition_by: list[str] | None) -> None:
+    """Rewrite a table with wider column types, in one overwrite commit.
+
+    Only widening reaches here (`connect_types.join_types`), so every cast keeps its values. The old
+    files stay until `cdc maintain` vacuums them; application transactions survive an overwrite.
     """
+    from pyspark.sql import functions as F
 
-    def attempt() -> None:  # a retry after a conflicting commit must re-read the newer snapshot
-        table = lake.open_table(path)
-        scanner = table.to_pyarrow_dataset().scanner(batch_size=262_144)
+    schema = lake_spark.spark_schema(target)
 
-        def batches() -> Iterable[pa.RecordBatch]:
-            for batch in scanner.to_batches():
-                yield from conform(pa.Table.from_batches([batch]), target).to_batches()
+    def attempt() -> None:  # a retry after a conflicting commit re-reads the newer snapshot
+        current = lake_spark.read(spark, path)
+        present = set(current.columns)
+        columns = [(F.col(lake.quote_identifier(f.name)) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name)
+                   for f in schema.fields]
+        writer = current.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.option("userMetadata", "cdc_operation=widen").save(lake_spark.location(path))
 
-        reader = pa.RecordBatchReader.from_batches(target, batches())
-        write_deltalake(table, reader, mode="overwrite", schema_mode="overwrite", partition_by=partition_by,
-                        commit_properties=lake.commit_props(None, None, cdc_operation="widen"))
-
-    lake.with_retries(attempt, what=f"widen {path.name}")
+    lake_spark.with_retries(attempt, what=f"widen {path.name}")
 
 
 def _evolved(current: pa.Schema, columns: Mapping[str, pa.DataType], meta: Sequence[pa.Field]) -> tuple[pa.Schema, bool]:
@@ -57,13 +81,49 @@ def _evolved(current: pa.Schema, columns: Mapping[str, pa.DataType], meta: Seque
     return pa.schema(fields + list(meta)), rewrite
 
 
-def _layer_rows(table: DeltaTable) -> dict[str, int]:
-    actions = pa.table(table.get_add_actions(flatten=True))
+def layer_rows(spark: SparkSession, path: Path) -> dict[str, int]:
+    """Rows per `_layer` of the current snapshot, from the log's file statistics (no data read)."""
     out = {BASE: 0, DELTA: 0}
-    col = f"partition.{LAYER}"
-    if actions.num_rows == 0 or col not in actions.column_names:
-        return out
-    for layer, n in zip(actions.column(col).to_pylist(), actions.column("num_records").to_pylist()):
-        if layer in out and n is not None:
-            out[layer] += int(n)
+    for layer, rows in lake_spark.partition_rows(spark, path, LAYER).items():
+        if layer in out:
+            out[layer] += rows
     return out
+
+
+def stored_lookup(spark: SparkSession, path: Path, key_columns: Sequence[str], keys: pa.Table, columns: Sequence[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The stored values of `columns` for the typed `keys` (an Arrow table of the key columns): base and
+    delta folded by `ordering`, tombstones and rows below the newest truncate left out.
+
+    Reads only the given keys' rows (a semi-join) and the truncate markers, so it costs the keys, not
+    the table; it runs only for a batch whose placeholders nothing in the batch resolves.
+    """
+    from pyspark.sql import functions as F
+
+    if keys.num_rows == 0 or not lake_spark.is_table(spark, path):
+        return {}
+    stored = lake_spark.read(spark, path)
+    names = set(stored.columns)
+    if not all(k in names for k in key_columns):
+        return {}
+    cols = [c for c in columns if c in names and c not in key_columns]
+    meta = ["_position", "_seq", "_deleted", "_event_id", "_op"]
+    wanted = spark.createDataFrame(keys.select(list(key_columns)))
+    quoted = [F.col(lake.quote_identifier(c)) for c in [*key_columns, *cols, *meta]]
+    rows = stored.join(wanted, on=list(key_columns), how="left_semi").select(*quoted).toArrow()
+    absent = None
+    for k in key_columns:
+        part = F.col(lake.quote_identifier(k)).isNull()
+        absent = part if absent is None else (absent & part)
+    cut_row = stored.where(absent & (F.col("_op") == "t")).agg(F.max("_position").alias("cut")).first()
+    cut = None if cut_row is None else cut_row["cut"]
+    wanted_keys = {tuple(r[k] for k in key_columns) for r in keys.to_pylist()}
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if rows.num_rows == 0:
+        return out
+    rows = pa.Table.from_arrays([c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in rows.columns], names=rows.column_names)
+    for r in ordering.fold_latest(rows, key_columns).to_pylist():
+        k = tuple(r[c] for c in key_columns)
+        if k in wanted_keys and not r["_deleted"] and (cut is None or r["_position"] >= cut):
+            out[k] = {c: r[c] for c in cols}
+    return out
+

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_platform import latest_state, lake
+from cdc_platform import lake, lake_spark, latest_state
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
 from cdc_platform.ingest import IngestJob, split_parsed
@@ -79,27 +79,26 @@ def test_an_error_of_the_machine_or_the_lake_stops_at_once_without_bisecting() -
 
 # --- in the job, with the real stages -----------------------------------------------------------------
 
-@pytest.fixture
-def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The latest-state stage raises on any event whose row carries `poison`, deep inside its prepare.
+def poisoned_stage() -> latest_state.LatestStateStage:
+    """A latest-state stage that raises on any event whose row carries `poison`, deep inside its prepare
+    (an error no rule foresaw, as the decimal one was). The stage's prepare runs on the executors, so the
+    failure is injected through the stage (a nested function, which Spark ships by value), not patched
+    into this process."""
+    real = latest_state_apply.prepare_table
 
-    Patched where `prepare_table` looks it up (`latest_state.apply`), not on the package's re-export.
-    """
-    real = latest_state_apply.change_rows
-
-    def change_rows(events: latest_state.Events, key_columns: Any) -> Any:
+    def prepare(table: Any, current: Any, hcurrent: Any, events: latest_state.Events, lookup: Any) -> Any:
         if any(a and '"poison"' in a for a in events.col("after")):
-            raise KeyError("poison")  # an error no rule foresaw, as the decimal one was
-        return real(events, key_columns)
+            raise KeyError("poison")
+        return real(table, current, hcurrent, events, lookup)
 
-    monkeypatch.setattr(latest_state_apply, "change_rows", change_rows)
+    return latest_state.LatestStateStage(prepare=prepare)
 
 
-def test_an_event_a_stage_cannot_take_is_dead_lettered_and_the_rest_lands(poisoned, make_config, land, run_pipeline, query) -> None:
+def test_an_event_a_stage_cannot_take_is_dead_lettered_and_the_rest_lands(make_config, land, spark, query) -> None:
     cfg = make_config({"shop.orders": {"key": ["id"]}, "shop.items": {"key": ["id"]}})
     bad = event(2, pos=20, poison=True)
     land("a.jsonl", [event(1, pos=10), bad, event(3, pos=30)])
-    first = run_pipeline(cfg)
+    first = IngestJob(cfg, stages=[poisoned_stage()]).run_available_now(spark)
     assert [(r["id"]) for r in query(cfg, "SELECT id FROM orders__full_view ORDER BY id")] == [1, 3]
     assert query(cfg, "SELECT count(*) AS n FROM raw_change_events")[0]["n"] == 3  # the raw log keeps it
     (dead,) = query(cfg, "SELECT * FROM dead_letter")
@@ -108,29 +107,34 @@ def test_an_event_a_stage_cannot_take_is_dead_lettered_and_the_rest_lands(poison
     assert first.total("dead_letters") == 1
     # the stream goes on: a later file, of another table too, lands
     land("b.jsonl", [event(7, pos=40, table="items"), event(4, pos=50)])
-    run_pipeline(cfg)
+    IngestJob(cfg, stages=[poisoned_stage()]).run_available_now(spark)
     assert [r["id"] for r in query(cfg, "SELECT id FROM orders__full_view ORDER BY id")] == [1, 3, 4]
     assert [r["id"] for r in query(cfg, "SELECT id FROM items__full_view")] == [7]
     assert query(cfg, "SELECT count(*) AS n FROM dead_letter")[0]["n"] == 1
 
 
-def test_isolated_dead_letters_land_once_when_a_crash_replays_the_batch(poisoned, make_config, monkeypatch) -> None:
+@pytest.mark.parametrize("killed_at", ["orders", "dead_letter"])
+def test_isolated_dead_letters_land_once_when_a_crash_replays_the_batch(killed_at, make_config, monkeypatch) -> None:
+    """Killed before the stage's commit or after it (before the batch's dead letters): the replay lands the
+    poison event's dead letter exactly once and the rest of the batch once."""
     cfg = make_config({"shop.orders": {"key": ["id"]}})
-    stage = latest_state.LatestStateStage()
+    stage = poisoned_stage()
     job = IngestJob(cfg, stages=[stage])
     job.setup()
     lines = [event(1, pos=10), event(2, pos=20, poison=True)]
     keys = KeySpec(dict(cfg.keys_by_source))
     parsed = pa.Table.from_batches([rows_to_batch([parse_line(x, "f", keys) for x in lines])])
-    real_commit = stage.commit
+    real_append = lake_spark.append_once
 
-    def killed(plans: Any, ctx: BatchContext) -> StageResult:
-        raise KeyboardInterrupt  # SIGKILL stand-in: after the dead letters, before the stage's commit
+    def killed(df: Any, path: Any, *args: Any, **kwargs: Any) -> bool:
+        if Path(path).name == killed_at:
+            raise KeyboardInterrupt  # SIGKILL stand-in
+        return real_append(df, path, *args, **kwargs)
 
-    monkeypatch.setattr(stage, "commit", killed)
+    monkeypatch.setattr(lake_spark, "append_once", killed)
     with pytest.raises(KeyboardInterrupt):
         job.process_parsed(parsed, 0, "q")
-    monkeypatch.setattr(stage, "commit", real_commit)
+    monkeypatch.setattr(lake_spark, "append_once", real_append)
     job.process_parsed(parsed, 0, "q")
     dead = lake.open_table(job.path("dead_letter")).to_pyarrow_table()
     assert dead.column("reason_code").to_pylist() == [STAGE_ERROR]
