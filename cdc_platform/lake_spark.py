@@ -172,13 +172,21 @@ def append_once(df: DataFrame, path: Path | str, application: str, batch: int, *
     `merge_schema` adds the columns `df` has and the table lacks in the same commit (a latest-state
     table's new source columns); the types of columns both have must agree (a widening rewrites first).
     """
+    return append_version(df, path, application, batch, merge_schema=merge_schema) is not None
+
+
+def append_version(df: DataFrame, path: Path | str, application: str, batch: int, *, before: int | None = None,
+                   merge_schema: bool = False) -> int | None:
+    """`append_once`, returning the table's version after the write, or None when Delta skipped it as
+    already committed. `before`, the version the caller read just before, saves reading it again."""
     spark = df.sparkSession
-    before = version(spark, path)
+    before = version(spark, path) if before is None else before
     writer = df.write.format("delta").mode("append").option("txnAppId", application).option("txnVersion", batch)
     if merge_schema:
         writer = writer.option("mergeSchema", "true")
     writer.save(location(path))
-    return version(spark, path) != before
+    after = version(spark, path)
+    return None if after == before else after
 
 
 #: Characters Delta refuses in a column name unless the table maps names to physical ones (column mapping).
@@ -203,27 +211,6 @@ def allow_any_column_names(spark: SparkSession, path: Path | str) -> None:
         f"ALTER TABLE delta.`{_path_identifier(path)}` SET TBLPROPERTIES "
         "('delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
     )
-
-
-def already_committed(spark: SparkSession, path: Path | str, application: str, batch: int) -> bool:
-    """Whether the table's log records `application` at `batch` or later (Delta's `SetTransaction`).
-
-    Delta refuses such a write by itself; asking first lets a replayed batch skip the work around its
-    write (a widening rewrite, the compaction check). Read from Delta's log handle (internal API, as
-    `version`); should an upgrade change it, the answer is "not committed" and Delta's own check stands.
-    """
-    from py4j.protocol import Py4JError
-
-    if not is_table(spark, path):
-        return False
-    try:
-        jvm = spark._jvm  # type: ignore[attr-defined]
-        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location(path))  # type: ignore[attr-defined]
-        snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-        found = snapshot.transactions().get(application)
-        return bool(found.isDefined()) and int(found.get()) >= batch
-    except (Py4JError, AttributeError):
-        return False
 
 
 def is_table(spark: SparkSession, path: Path | str) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,6 +140,7 @@ class LatestStateStage:
         self.compact_min_changes = compact_min_changes
         self.compact_ratio = compact_ratio
         self.prepare = prepare
+        self._layers: dict[str, tuple[int, dict[str, int]]] = {}  # path -> (version, rows per layer at it)
 
     def setup(self, config: PlatformConfig) -> None:
         spark = lake_spark.session()
@@ -237,31 +238,56 @@ class LatestStateStage:
             return out  # every event of the table was dead-lettered
         target = pa.ipc.read_schema(pa.py_buffer(plan.payload))
         path = lake.table_path(lake_dir, table.name)
-        app = ctx.app_id(table.name)
-        if not lake_spark.already_committed(spark, path, app, ctx.batch_id):
-            accept_names(spark, path, target)
-            if info["state_rewrite"]:
-                widen(spark, path, target, [LAYER])
-            rows = _decoded(frame, None, staging.STATE, target, seq=lake_spark.version(spark, path) + 1)
-            if lake_spark.append_once(rows, path, app, ctx.batch_id, merge_schema=True):
-                out.rows = int(info["figures"]["rows"])
-                layers = layer_rows(spark, path)
-                if self.should_compact(layers):
-                    t0 = time.perf_counter()
-                    out.compacted = compact(path, table, spark).folded
-                    out.compact_seconds = time.perf_counter() - t0
+        if self._append(spark, path, ctx.app_id(table.name), ctx.batch_id, target, info["state_rewrite"], [LAYER],
+                        lambda seq: _decoded(frame, None, staging.STATE, target, seq=seq), rows=int(info["figures"]["rows"])):
+            out.rows = int(info["figures"]["rows"])
+            self._maybe_compact(spark, path, table, out)
         htarget = staging.schema_of(info.get("history_schema"))
         if htarget is not None and info.get("history_rows"):
             hpath = lake.table_path(lake_dir, table.history_name)
-            happ = ctx.app_id(table.history_name)
-            if not lake_spark.already_committed(spark, hpath, happ, ctx.batch_id):
-                accept_names(spark, hpath, htarget)
-                if info["history_rewrite"]:
-                    widen(spark, hpath, htarget, None)
-                rows = _decoded(frame, None, staging.HISTORY, htarget, seq=lake_spark.version(spark, hpath) + 1)
-                if lake_spark.append_once(rows, hpath, happ, ctx.batch_id, merge_schema=True):
-                    out.history_rows = int(info["history_rows"])
+            if self._append(spark, hpath, ctx.app_id(table.history_name), ctx.batch_id, htarget, info["history_rewrite"], None,
+                            lambda seq: _decoded(frame, None, staging.HISTORY, htarget, seq=seq)):
+                out.history_rows = int(info["history_rows"])
         return out
+
+    def _append(self, spark: SparkSession, path: Path, app: str, batch_id: int, target: pa.Schema, rewrite: bool,
+                partition_by: list[str] | None, rows_of: Callable[[int], DataFrame], rows: int = 0) -> bool:
+        """Widen if needed, then append exactly once; True if this call wrote.
+
+        No "already committed?" check first: Delta's own (`txnAppId`/`txnVersion`) refuses a replay, and
+        a replay needs no widening (the stored schema it types against is already the widened one).
+        `_seq` is the version the rows land in, as read just before (a concurrent commit in between
+        only makes it lower than that version, still above every earlier batch's).
+        """
+        accept_names(spark, path, target)
+        if rewrite:
+            widen(spark, path, target, partition_by)
+        before = lake_spark.version(spark, path)
+        after = lake_spark.append_version(rows_of(before + 1), path, app, batch_id, before=before, merge_schema=True)
+        if after is None:
+            return False
+        if partition_by:  # a latest-state table: its delta layer grew by `rows`
+            known = self._layers.get(str(path))
+            if known is not None and known[0] == before:
+                self._layers[str(path)] = (after, {BASE: known[1][BASE], DELTA: known[1][DELTA] + rows})
+            else:
+                self._layers.pop(str(path), None)
+        return True
+
+    def _maybe_compact(self, spark: SparkSession, path: Path, table: TableConfig, out: TableApply) -> None:
+        """Compact once the delta layer passed the threshold. The layer sizes are kept from the last look and
+        the appends since; they are read from the log again (a Spark job, ~1 s) only when another writer
+        (compaction, `cdc maintain`, a backfill) committed in between."""
+        known = self._layers.get(str(path))
+        current = lake_spark.version(spark, path)
+        if known is None or known[0] != current:
+            known = (current, layer_rows(spark, path))
+            self._layers[str(path)] = known
+        if self.should_compact(known[1]):
+            t0 = time.perf_counter()
+            out.compacted = compact(path, table, spark).folded
+            out.compact_seconds = time.perf_counter() - t0
+            self._layers.pop(str(path), None)
 
 
 @dataclass(frozen=True)
@@ -346,30 +372,19 @@ def apply_table(spark: SparkSession, lake_dir: Path, table: TableConfig, events:
     plan = prepare_table(table, current, hcurrent, events, lookup)
     out = plan.out
     if plan.state is not None and plan.state_target is not None:
-        app = ctx.app_id(table.name)
-        if not lake_spark.already_committed(spark, path, app, ctx.batch_id):
-            accept_names(spark, path, plan.state_target)
-            if plan.state_rewrite:
-                widen(spark, path, plan.state_target, [LAYER])
-            data = _with_seq(plan.state, lake_spark.version(spark, path) + 1)
-            if lake_spark.append_once(lake_spark.from_arrow(spark, data, plan.state_target), path, app, ctx.batch_id, merge_schema=True):
-                out.rows = data.num_rows
-                if stage.should_compact(layer_rows(spark, path)):
-                    t0 = time.perf_counter()
-                    out.compacted = compact(path, table, spark).folded
-                    out.compact_seconds = time.perf_counter() - t0
+        state, target = plan.state, plan.state_target
+        if stage._append(spark, path, ctx.app_id(table.name), ctx.batch_id, target, plan.state_rewrite, [LAYER],
+                         lambda seq: lake_spark.from_arrow(spark, _with_seq(state, seq), target), rows=state.num_rows):
+            out.rows = state.num_rows
+            stage._maybe_compact(spark, path, table, out)
         else:
             out.added_columns = out.widened_columns = 0
     if plan.history is not None and plan.history_target is not None:
+        history, htarget = plan.history, plan.history_target
         hpath = lake.table_path(lake_dir, table.history_name)
-        happ = ctx.app_id(table.history_name)
-        if not lake_spark.already_committed(spark, hpath, happ, ctx.batch_id):
-            accept_names(spark, hpath, plan.history_target)
-            if plan.history_rewrite:
-                widen(spark, hpath, plan.history_target, None)
-            hdata = _with_seq(plan.history, lake_spark.version(spark, hpath) + 1)
-            if lake_spark.append_once(lake_spark.from_arrow(spark, hdata, plan.history_target), hpath, happ, ctx.batch_id, merge_schema=True):
-                out.history_rows = hdata.num_rows
+        if stage._append(spark, hpath, ctx.app_id(table.history_name), ctx.batch_id, htarget, plan.history_rewrite, None,
+                         lambda seq: lake_spark.from_arrow(spark, _with_seq(history, seq), htarget)):
+            out.history_rows = history.num_rows
     return out
 
 

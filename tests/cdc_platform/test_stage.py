@@ -124,17 +124,18 @@ def test_isolated_dead_letters_land_once_when_a_crash_replays_the_batch(killed_a
     lines = [event(1, pos=10), event(2, pos=20, poison=True)]
     keys = KeySpec(dict(cfg.keys_by_source))
     parsed = pa.Table.from_batches([rows_to_batch([parse_line(x, "f", keys) for x in lines])])
-    real_append = lake_spark.append_once
+    def killing(real: Any) -> Any:
+        def write(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+            if Path(path).name == killed_at:
+                raise KeyboardInterrupt  # SIGKILL stand-in
+            return real(df, path, *args, **kwargs)
+        return write
 
-    def killed(df: Any, path: Any, *args: Any, **kwargs: Any) -> bool:
-        if Path(path).name == killed_at:
-            raise KeyboardInterrupt  # SIGKILL stand-in
-        return real_append(df, path, *args, **kwargs)
-
-    monkeypatch.setattr(lake_spark, "append_once", killed)
-    with pytest.raises(KeyboardInterrupt):
-        job.process_parsed(parsed, 0, "q")
-    monkeypatch.setattr(lake_spark, "append_once", real_append)
+    with monkeypatch.context() as patched:
+        for name in ("append_once", "append_version"):  # the dead letters' write, the stage's own
+            patched.setattr(lake_spark, name, killing(getattr(lake_spark, name)))
+        with pytest.raises(KeyboardInterrupt):
+            job.process_parsed(parsed, 0, "q")
     job.process_parsed(parsed, 0, "q")
     dead = lake.open_table(job.path("dead_letter")).to_pyarrow_table()
     assert dead.column("reason_code").to_pylist() == [STAGE_ERROR]
