@@ -151,8 +151,11 @@ def read_snapshot(config: PlatformConfig, table: TableConfig) -> list[tuple[str,
 
 def _newest_raw_positions(config: PlatformConfig, table: TableConfig) -> dict[str, tuple[str, str]]:
     """Per key, the highest position in the raw log and the op there (DBLog's 'log event in the window')."""
-    raw = lake.scan(lake.open_table(lake.table_path(config.lake, RAW)), ["table_id", "key", "op", "before", "position"],
-                    pc.field("table_id") == table.source)
+    from pyspark.sql import functions as F
+
+    spark = lake_spark.session()
+    raw = (lake_spark.read(spark, lake.table_path(config.lake, RAW)).where(F.col("table_id") == table.source)
+           .select("table_id", "key", "op", "before", "position").toArrow())
     newest: dict[str, tuple[str, str]] = {}
     truncated_at = ""
     for key, op, before, position in zip(*(raw.column(c).to_pylist() for c in ("key", "op", "before", "position"))):
@@ -182,9 +185,11 @@ def _state_rows(config: PlatformConfig, table: TableConfig) -> dict[str, dict[st
     from cdc_platform.latest_state import fold_latest
 
     path = lake.table_path(config.lake, table.name)
-    if not lake.exists(path):
+    spark = lake_spark.session()
+    if not lake_spark.is_table(spark, path):
         return {}
-    rows = lake.open_table(path).to_pyarrow_table()
+    rows = lake_spark.read(spark, path).toArrow()
+    rows = pa.Table.from_arrays([c.combine_chunks() for c in rows.columns], names=rows.column_names)
     if any(k not in rows.column_names for k in table.key):
         return {}  # nothing has landed yet: the table has only its metadata columns
     keyed = rows.filter(pc.invert(pc.is_null(rows.column(table.key[0]))))
@@ -210,9 +215,12 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
 
     say = progress or (lambda _m: None)
     table = config.table(name)
-    if not lake.exists(lake.table_path(config.lake, RAW)):
+    spark = lake_spark.session()
+    raw_path = lake.table_path(config.lake, RAW)
+    if not lake_spark.is_table(spark, raw_path):
         raise LakeError(f"{config.lake} has no raw_change_events yet; run `cdc run` once before a backfill")
-    lake.ensure_table(lake.table_path(config.lake, RAW), schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)  # columns added since the lake was made
+    # columns added since the lake was made
+    lake_spark.ensure_table(spark, raw_path, lake_spark.spark_schema(schemas.RAW_CHANGE_EVENTS), schemas.RAW_PARTITION_BY)
     lines = read_snapshot(config, table)
     keys = KeySpec({table.source: table.key})
     parsed = pa.Table.from_batches([rows_to_batch([parse_line(line, src, keys) for line, src in lines])])
@@ -252,15 +260,19 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     kept = events.take(pa.array(keep, pa.int64()))
     fingerprint = hashlib.blake2b("\n".join(sorted(kept.column("event_id").to_pylist())).encode(), digest_size=8).hexdigest()
     ctx = BatchContext(config, query_id=f"backfill-{name}-{fingerprint}", batch_id=0)
-    lake.insert_new_once(lake.table_path(config.lake, RAW), kept, "event_id", "event_date", ctx.app_id(RAW), 0, range_column="position")
-    applied = apply_table(lake_spark.session(), config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
+    if kept.num_rows:
+        lake_spark.insert_new_once(lake_spark.from_arrow(spark, kept, schemas.RAW_CHANGE_EVENTS), raw_path, "event_id", "event_date",
+                                   ctx.app_id(RAW), 0, range_column="position")
+    applied = apply_table(spark, config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
     dead = [batch.dead_letters]
     if applied is not None and applied.dead:
         dead.append(dead_letter_rows(applied.dead, stage=STAGE, batch_id=None))
     dead_rows = pa.concat_tables(dead)
     if dead_rows.num_rows:
         dead_rows = dead_rows.set_column(dead_rows.schema.get_field_index("stage"), "stage", pa.array([STAGE] * dead_rows.num_rows))
-        lake.append_once(lake.table_path(config.lake, DEAD_LETTER), dead_rows, ctx.app_id(DEAD_LETTER), 0)
+        dead_path = lake.table_path(config.lake, DEAD_LETTER)
+        lake_spark.ensure_table(spark, dead_path, lake_spark.spark_schema(schemas.DEAD_LETTER))
+        lake_spark.append_once(lake_spark.from_arrow(spark, dead_rows, schemas.DEAD_LETTER), dead_path, ctx.app_id(DEAD_LETTER), 0)
     diff.committed = True
     return diff
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 #: fraction of the base, whichever is larger (a fixed fraction keeps the amortised cost per change flat).
 COMPACT_MIN_CHANGES = 100_000
 COMPACT_RATIO = 0.1
+#: Tables of one batch committed at once (threads of the driver, each running its table's Spark jobs).
+COMMIT_THREADS = 4
 
 
 @dataclass
@@ -157,7 +160,8 @@ class LatestStateStage:
         if not tables:
             return StageResult()
         spark = batch.events.sparkSession
-        inputs = {t.source: _table_input(spark, config.lake, t) for t in tables}
+        with ThreadPoolExecutor(max_workers=max(1, min(COMMIT_THREADS, len(tables))), thread_name_prefix="cdc-schema") as pool:
+            inputs = dict(zip((t.source for t in tables), pool.map(lambda t: _table_input(spark, config.lake, t), tables)))
         staged, plans = self._stage(batch.events, inputs, ctx)
         try:
             needs = {tid: p for tid, p in plans.items() if p.part == staging.NEED}
@@ -174,11 +178,21 @@ class LatestStateStage:
             result = StageResult()
             totals: dict[str, float] = {}
             dead_frames: list[DataFrame] = []
-            for tid, plan in sorted(plans.items()):
-                if plan.part == staging.NEED:
+            order = sorted(plans)
+            for tid in order:
+                if plans[tid].part == staging.NEED:
                     raise StageFailure(f"the {STAGE} stage asked twice for stored values of {tid} in batch {ctx.batch_id}; the batch replays on restart")
-                frame = staged.frame_of(tid)
-                done = self._commit_table(spark, config.lake, inputs[tid].table, plan, frame, ctx)
+            frames = {tid: staged.frame_of(tid) for tid in order}
+            # Tables commit side by side: a Delta commit is mostly the driver waiting (log listing, writing the
+            # commit file, the snapshot after it), and each table's is independent of the others'.
+            tasks = [(tid, part) for tid in order for part in (staging.STATE, staging.HISTORY)]
+            with ThreadPoolExecutor(max_workers=max(1, min(COMMIT_THREADS, len(tasks))), thread_name_prefix="cdc-commit") as pool:
+                parts = list(pool.map(lambda task: self._commit_part(spark, config.lake, inputs[task[0]].table, plans[task[0]],
+                                                                     frames[task[0]], ctx, task[1]), tasks))
+            committed = [TableApply(rows=state.rows, compacted=state.compacted, compact_seconds=state.compact_seconds,
+                                    history_rows=history.history_rows) for state, history in zip(parts[::2], parts[1::2])]
+            for tid, done in zip(order, committed):
+                plan, frame = plans[tid], frames[tid]
                 if done.rows:
                     result.rows_landed[inputs[tid].table.name] = done.rows
                 if done.history_rows:
@@ -229,19 +243,22 @@ class LatestStateStage:
         plans = {r["table_id"]: _Plan(r["part"], r["payload"], json.loads(r["info"] or "{}")) for r in small}
         return _Staged([(set(plans), staged, events)]), plans
 
-    def _commit_table(self, spark: SparkSession, lake_dir: Path, table: TableConfig, plan: _Plan, frame: tuple[DataFrame, DataFrame],
-                      ctx: BatchContext) -> TableApply:
-        """Append one table's staged rows (and history) exactly once; widen first if a column widened; maybe compact."""
+    def _commit_part(self, spark: SparkSession, lake_dir: Path, table: TableConfig, plan: _Plan, frame: tuple[DataFrame, DataFrame],
+                     ctx: BatchContext, part: str) -> TableApply:
+        """Append one table's staged rows (`STATE`, then maybe compact) or its history rows (`HISTORY`) exactly
+        once, widening first if a column widened. The two are separate tables, committed side by side."""
         out = TableApply()
         info = plan.info
         if plan.payload is None:
             return out  # every event of the table was dead-lettered
-        target = pa.ipc.read_schema(pa.py_buffer(plan.payload))
-        path = lake.table_path(lake_dir, table.name)
-        if self._append(spark, path, ctx.app_id(table.name), ctx.batch_id, target, info["state_rewrite"], [LAYER],
-                        lambda seq: _decoded(frame, None, staging.STATE, target, seq=seq), rows=int(info["figures"]["rows"])):
-            out.rows = int(info["figures"]["rows"])
-            self._maybe_compact(spark, path, table, out)
+        if part == staging.STATE:
+            target = pa.ipc.read_schema(pa.py_buffer(plan.payload))
+            path = lake.table_path(lake_dir, table.name)
+            if self._append(spark, path, ctx.app_id(table.name), ctx.batch_id, target, info["state_rewrite"], [LAYER],
+                            lambda seq: _decoded(frame, None, staging.STATE, target, seq=seq), rows=int(info["figures"]["rows"])):
+                out.rows = int(info["figures"]["rows"])
+                self._maybe_compact(spark, path, table, out)
+            return out
         htarget = staging.schema_of(info.get("history_schema"))
         if htarget is not None and info.get("history_rows"):
             hpath = lake.table_path(lake_dir, table.history_name)
