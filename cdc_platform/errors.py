@@ -6,6 +6,10 @@ Data problems never raise: a bad line becomes a dead-letter row, a violated expe
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
 
 class CdcError(Exception):
     """Base class: the CLI prints these as one line and exits 2, without a traceback."""
@@ -25,6 +29,26 @@ class LakeError(CdcError):
 
 class CommitConflictError(LakeError):
     """A Delta commit kept conflicting with a concurrent writer after every retry."""
+
+
+def retry_conflicts(action: Callable[[], Any], conflicts: tuple[type[BaseException], ...], *, what: str, attempts: int = 8) -> Any:
+    """Run a Delta commit again after it lost a race to a concurrent writer (a backfill or `cdc maintain`
+    beside the stream): optimistic concurrency refuses such a commit whole, so a retry re-reads and
+    redoes it. `conflicts` are the Delta library's own conflict errors (delta-rs's or delta-spark's)."""
+    delay = 0.05
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except conflicts as exc:
+            if attempt == attempts:
+                first = (str(exc).splitlines() or [""])[0]
+                raise CommitConflictError(
+                    f"{what}: the commit kept conflicting with another writer after {attempts} attempts ({first}); "
+                    "make sure only one stream writes this lake, then rerun (nothing was half-written)"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    return None
 
 
 class QueryError(CdcError):

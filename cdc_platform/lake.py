@@ -19,7 +19,6 @@ import json
 import os
 import tempfile
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,7 +30,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from cdc_platform.config import LAKE_NAME_RE, PlatformConfig, TableConfig
-from cdc_platform.errors import CommitConflictError, LakeError
+from cdc_platform.errors import LakeError, retry_conflicts
 
 REGISTRY_FILE = "_cdc_registry.json"
 REGISTRY_VERSION = 1
@@ -178,20 +177,8 @@ def commit_props(application: str | None, version: int | None, **metadata: Any) 
 
 
 def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
-    """Retry a Delta commit that lost a race to a concurrent writer (e.g. a backfill vs the stream)."""
-    delay = 0.05
-    for attempt in range(1, attempts + 1):
-        try:
-            return action()
-        except CommitFailedError as exc:
-            if attempt == attempts:
-                raise CommitConflictError(
-                    f"{what}: the commit kept conflicting with another writer after {attempts} attempts ({exc}); "
-                    "make sure only one stream writes this lake, then rerun (nothing was half-written)"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-    return None
+    """`errors.retry_conflicts` for delta-rs's conflicts (`CommitFailedError`), e.g. a backfill vs the stream."""
+    return retry_conflicts(action, (CommitFailedError,), what=what, attempts=attempts)
 
 
 def _guarded(application: str | None, version: int | None) -> bool:

@@ -243,27 +243,12 @@ def partition_rows(spark: SparkSession, path: Path | str, column: str) -> dict[A
 
 
 def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
-    """Run a Delta commit again after it lost a race to a concurrent writer (a backfill or `cdc maintain`
-    beside the stream): Delta's optimistic concurrency refuses the commit whole, so a retry re-reads."""
-    import time
-
+    """`errors.retry_conflicts` for delta-spark's conflicts (`DeltaConcurrentModificationException` and kin)."""
     from delta.exceptions import DeltaConcurrentModificationException
 
-    from cdc_platform.errors import CommitConflictError
+    from cdc_platform.errors import retry_conflicts
 
-    delay = 0.05
-    for attempt in range(1, attempts + 1):
-        try:
-            return action()
-        except DeltaConcurrentModificationException as exc:
-            if attempt == attempts:
-                raise CommitConflictError(
-                    f"{what}: the commit kept conflicting with another writer after {attempts} attempts "
-                    f"({str(exc).splitlines()[0]}); make sure only one stream writes this lake, then rerun (nothing was half-written)"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-    return None
+    return retry_conflicts(action, (DeltaConcurrentModificationException,), what=what, attempts=attempts)
 
 
 def session() -> SparkSession:

@@ -145,6 +145,17 @@ def scratch_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return target
 
 
+def fake_program(scratch_target: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> Path:
+    """A shell script named `name`, first on PATH for the test."""
+    bin_dir = scratch_target.parent / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / name
+    fake.write_text("#!/bin/sh\n" + script, encoding="utf-8")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return fake
+
+
 def test_without_maven_the_install_says_so_in_one_line(scratch_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(scratch_target.parent / "empty"))
     with pytest.raises(TestbedError, match=r"^test bed: Maven \(`mvn`\) is not on PATH; install it") as err:
@@ -153,19 +164,11 @@ def test_without_maven_the_install_says_so_in_one_line(scratch_target: Path, mon
 
 
 def test_a_refused_artifact_names_mavens_error_line(scratch_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = scratch_target.parent / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "mvn"
-    fake.write_text(
-        "#!/bin/sh\n"
-        "echo '[INFO] Scanning for projects...'\n"
-        "echo '[ERROR] Failed to execute goal on project kafka: Could not find artifact org.apache.kafka:kafka_2.13:jar:9.9.9 in central'\n"
-        "echo '[ERROR] '\n"
-        "exit 1\n",
-        encoding="utf-8",
-    )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fake_program(scratch_target, monkeypatch, "mvn",
+                 "echo '[INFO] Scanning for projects...'\n"
+                 "echo '[ERROR] Failed to execute goal on project kafka: Could not find artifact org.apache.kafka:kafka_2.13:jar:9.9.9 in central'\n"
+                 "echo '[ERROR] '\n"
+                 "exit 1\n")
     with pytest.raises(TestbedError) as err:
         install.ensure_jars()
     message = str(err.value)
@@ -183,21 +186,13 @@ def test_missing_servers_without_root_say_what_to_install(scratch_target: Path, 
 def test_apt_waits_for_another_apt_holding_its_lock_then_installs(scratch_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two installers at once (two pytest-xdist workers, say): the second `apt-get update` found the list
     lock held and failed at once (CI replica, 2026-11-26); now it waits for the lock and goes on."""
-    bin_dir = scratch_target.parent / "bin"
-    bin_dir.mkdir()
     calls = scratch_target.parent / "calls"
-    fake = bin_dir / "apt-get"
-    fake.write_text(
-        "#!/bin/sh\n"
-        f"echo \"$*\" >> {calls}\n"
-        f"if [ \"$(grep -c update {calls})\" = 1 ]; then\n"
-        "  echo 'E: Could not get lock /var/lib/apt/lists/lock. It is held by process 3079 (apt-get)'; exit 100\n"
-        "fi\n"
-        "exit 0\n",
-        encoding="utf-8",
-    )
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fake_program(scratch_target, monkeypatch, "apt-get",
+                 f"echo \"$*\" >> {calls}\n"
+                 f"if [ \"$(grep -c update {calls})\" = 1 ]; then\n"
+                 "  echo 'E: Could not get lock /var/lib/apt/lists/lock. It is held by process 3079 (apt-get)'; exit 100\n"
+                 "fi\n"
+                 "exit 0\n")
     monkeypatch.setattr(install.os, "geteuid", lambda: 0)
     monkeypatch.setattr(install.time, "sleep", lambda _s: None)
     install._apt_install(("postgresql",))
@@ -206,12 +201,7 @@ def test_apt_waits_for_another_apt_holding_its_lock_then_installs(scratch_target
 
 
 def test_apt_failing_for_another_reason_fails_at_once_in_one_line(scratch_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = scratch_target.parent / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "apt-get"
-    fake.write_text("#!/bin/sh\necho 'E: Unable to locate package postgresql'\nexit 100\n", encoding="utf-8")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fake_program(scratch_target, monkeypatch, "apt-get", "echo 'E: Unable to locate package postgresql'\nexit 100\n")
     monkeypatch.setattr(install.os, "geteuid", lambda: 0)
     with pytest.raises(TestbedError, match=r"^test bed: `apt-get .* update -q` failed: E: Unable to locate package postgresql"):
         install._apt_install(("postgresql",))
