@@ -62,6 +62,14 @@ def storage_names(lake_dir: Path) -> dict[str, str]:
     return {name: stored_view_name(name) if name in stored else name for name in present}
 
 
+def _free_for_view(spark: SparkSession, schema: str, name: str) -> None:
+    """Drop the catalog entry of an external table named like a view about to be made: a table's
+    directory registered before the lake's registry said it is latest-state storage (its views' name
+    is the table's own). Only the entry goes; the data stays at its location, now as `<name>__stored`."""
+    if spark.catalog.tableExists(f"{schema}.{name}") and spark.catalog.getTable(f"{schema}.{name}").tableType == "EXTERNAL":
+        spark.sql(f"DROP TABLE IF EXISTS {q(schema)}.{q(name)}")
+
+
 def lake_fingerprint(lake_dir: Path) -> str:
     """A digest that changes when the catalog must be registered again.
 
@@ -127,6 +135,7 @@ def register_catalog(
             sql = consistent_view_sql(table, types, mask_salt(table), dead_letters=DEAD_LETTER in present)
             views.append((f"{table.name}__consistent_view", sql))
     for view, sql in views:
+        _free_for_view(spark, schema, view)
         spark.sql(f"CREATE OR REPLACE VIEW {q(schema)}.{q(view)} AS {sql}")
         names.append(view)
     stale = sorted(set(previous) - set(names))

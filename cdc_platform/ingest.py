@@ -203,6 +203,9 @@ class IngestJob:
         cfg = self.config
         spark = spark or _spark()
         cfg.lake.mkdir(parents=True, exist_ok=True)
+        # The registry first: a reader that finds a table's directory must already know what it is (`cdc serve`
+        # registered a latest-state table it did not know yet as a plain table, then could not make its views).
+        lake.write_registry(cfg)
         for name, schema, partition_by in (
             (RAW, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY),
             (MARKERS, schemas.TRANSACTION_MARKERS, schemas.MARKERS_PARTITION_BY),
@@ -212,7 +215,6 @@ class IngestJob:
             lake_spark.ensure_table(spark, self.path(name), lake_spark.spark_schema(schema), partition_by)
         for stage in self.stages:
             stage.setup(cfg)
-        lake.write_registry(cfg)
 
     def onboard_added_tables(self) -> list[str]:
         """Tables added to the config file since the last batch: built from the raw log, then kept by the stream."""
@@ -220,12 +222,12 @@ class IngestJob:
         if updated is None:
             return []
         added = [t for t in updated.tables if t not in self.config.tables]
+        lake.write_registry(updated)  # before the new tables' directories appear (see `setup`)
         build_from_raw_log(updated, added, self.progress)
         self.config = updated
         self.keys = KeySpec(dict(updated.keys_by_source))
         for stage in self.stages:
             stage.setup(updated)
-        lake.write_registry(updated)
         self.progress(f"onboarded {', '.join(f'{t.source} as {t.name}' for t in added)}: kept from this batch on, without a restart")
         return [t.name for t in added]
 

@@ -172,7 +172,8 @@ def append_once(df: DataFrame, path: Path | str, application: str, batch: int, *
     `merge_schema` adds the columns `df` has and the table lacks in the same commit (a latest-state
     table's new source columns); the types of columns both have must agree (a widening rewrites first).
     """
-    return append_version(df, path, application, batch, merge_schema=merge_schema) is not None
+    return with_retries(lambda: append_version(df, path, application, batch, merge_schema=merge_schema),
+                        what=f"append to {Path(str(path)).name}") is not None
 
 
 def append_version(df: DataFrame, path: Path | str, application: str, batch: int, *, before: int | None = None,
@@ -363,10 +364,13 @@ def insert_new_once(
     else:
         redelivered = df.select(id_column, row_column).join(known, on=id_column, how="left_semi").select(row_column)
         fresh = df.join(F.broadcast(redelivered), on=row_column, how="left_anti").select(*(c for c in df.columns if c != row_column))
-    before = version(spark, path)
-    (fresh.write.format("delta").mode("append")
-     .option("txnAppId", application).option("txnVersion", batch).save(location(path)))
-    after = version(spark, path)
+    def write() -> tuple[int, int]:  # again after a conflict: the lookup then reads the newer snapshot
+        first = version(spark, path)
+        (fresh.write.format("delta").mode("append")
+         .option("txnAppId", application).option("txnVersion", batch).save(location(path)))
+        return first, version(spark, path)
+
+    before, after = with_retries(write, what=f"insert into {Path(str(path)).name}")
     if after == before:
         return None
     # Another writer (a backfill, `cdc maintain`) may have committed right after this append: the append's

@@ -276,11 +276,15 @@ class LatestStateStage:
         `_seq` is the version the rows land in, as read just before (a concurrent commit in between
         only makes it lower than that version, still above every earlier batch's).
         """
-        accept_names(spark, path, target)
+        lake_spark.with_retries(lambda: accept_names(spark, path, target), what=f"column mapping of {path.name}")
         if rewrite:
             widen(spark, path, target, partition_by)
-        before = lake_spark.version(spark, path)
-        after = lake_spark.append_version(rows_of(before + 1), path, app, batch_id, before=before, merge_schema=True)
+
+        def attempt() -> tuple[int, int | None]:  # again after a conflict (a backfill's schema change, say), from its version
+            first = lake_spark.version(spark, path)
+            return first, lake_spark.append_version(rows_of(first + 1), path, app, batch_id, before=first, merge_schema=True)
+
+        before, after = lake_spark.with_retries(attempt, what=f"append to {path.name}")
         if after is None:
             return False
         if partition_by:  # a latest-state table: its delta layer grew by `rows`

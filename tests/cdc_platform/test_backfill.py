@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
 import pytest
 
 from cdc_platform import backfill, lake
-from cdc_platform.errors import ConfigError
+from cdc_platform.errors import ConfigError, LakeError
 
 CUSTOMERS = {"payments.customers": {"key": ["id"]}}
 
@@ -118,6 +119,12 @@ def test_snapshot_coverage_names_missing_extra_and_different_rows(streamed) -> N
     assert extra.metadata["snapshot_mismatched_keys"]["extra_in_lake"] == ['{"id":1}'], "id 1 was live at pos 300, before the snapshot"
 
 
+def test_a_backfill_before_the_first_run_says_to_run_first(make_config) -> None:
+    cfg = make_config(CUSTOMERS)
+    with pytest.raises(LakeError, match=r"has no raw_change_events yet; run `cdc run` once before a backfill"):
+        backfill.load_snapshot(cfg, "customers")
+
+
 def test_backfills_racing_the_stream_lose_no_update(spark, make_config, land, query, tmp_path) -> None:
     """Snapshot loads commit while `cdc stream` commits: conflicts are retried and no update is lost.
 
@@ -142,7 +149,13 @@ def test_backfills_racing_the_stream_lose_no_update(spark, make_config, land, qu
 
     def backfills() -> None:
         try:
-            threading.Event().wait(2.0)
+            # a backfill needs the raw log the stream creates first (a clear error otherwise, tested apart);
+            # under load the stream's start can take longer than any fixed wait
+            raw = lake.table_path(cfg.lake, "raw_change_events")
+            deadline = time.monotonic() + 120
+            while not lake.exists(raw) and time.monotonic() < deadline:
+                threading.Event().wait(0.2)
+            threading.Event().wait(1.0)
             for i in range(1, 5):
                 rows = "\n".join(f"{k},snap{i}-{k}" for k in range(1, 81))
                 (snap / "rows.csv").write_text(f"id,name\n{rows}\n")
