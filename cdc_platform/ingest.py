@@ -8,9 +8,10 @@ markers first, then every later stage (latest state, transactions) from the same
 dead letters and one `pipeline_metrics` row.
 
 Stages come in two kinds (`stage.py`). A Spark stage (latest state) takes the batch as DataFrames and
-does its per-event work on the executors; the transaction stage still folds in the driver on Arrow and
-commits with delta-rs (issue 10 moves it next), so for it alone the batch's events are collected, once
-(`_stage_batch`). The raw log, markers, dead letters, metrics and latest state never pass through the driver.
+does its per-event work on the executors; the transaction stage still folds in the driver on Arrow (its
+step moving onto the executors is what issue 10 has left), so for it alone the batch's events are
+collected, once (`_stage_batch`); it commits with delta-spark like every stage. The raw log, markers,
+dead letters, metrics and latest state never pass through the driver.
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
 ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit

@@ -1,15 +1,13 @@
-"""The lake's delta-rs side: the stages' writes (until they move to delta-spark, issue 10), the
-exactly-once guard, driver-side reads of the log's statistics, and the registry.
+"""The lake's driver-side reads through delta-rs, and the registry.
 
-Spark reads every table through delta-spark (`lake_spark.read`), and maintenance runs OPTIMIZE and
-VACUUM there. delta-rs writes standard Delta tables (protocol 1/2, no column mapping, no deletion
-vectors) that delta-spark reads as they are, and keeps writing them after delta-spark's OPTIMIZE and
-VACUUM, which change neither protocol nor features.
-
-Exactly once: every commit of the streaming job carries a Delta application transaction
-(`<query id>:<table>`, version = micro-batch id). delta-rs records it but does not refuse a repeated or
-lower version, so `commit_once` checks the recorded version first. That check and the commit are not
-atomic, hence the rule: one writer per application id (one stream per lake).
+Every table is written through delta-spark (`lake_spark`, the stages, maintenance). What stays here
+are the reads a driver answers without a Spark job: a table's version and application transactions
+(`already_committed`), its log statistics (rows, files, newest times) for checks, sensors and asset
+metadata, and small tables the stages hold on the driver (the transaction state). delta-rs answers
+those in milliseconds where a Spark job costs 0.3-2.5 s (README, "Which Delta library, and why").
+It reads the tables delta-spark writes as long as they use no feature it lacks; the platform's own
+tables are standard Delta tables, and a reader here that meets one it cannot open (a latest-state
+table whose odd column names turned on column mapping, say) falls back to Spark.
 """
 
 from __future__ import annotations
@@ -20,17 +18,16 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdc_platform.config import LAKE_NAME_RE, PlatformConfig, TableConfig
-from cdc_platform.errors import LakeError, retry_conflicts
+from cdc_platform.errors import LakeError
 
 REGISTRY_FILE = "_cdc_registry.json"
 REGISTRY_VERSION = 1
@@ -54,50 +51,6 @@ def table_path(lake: Path, name: str) -> Path:
 
 def exists(path: Path) -> bool:
     return (path / _DELTA_LOG).is_dir() and DeltaTable.is_deltatable(str(path))
-
-
-def ensure_table(path: Path, schema: pa.Schema, partition_by: list[str] | None = None) -> DeltaTable:
-    """Create an empty table if it is missing, so readers and `cdc sql` see it before any data lands.
-
-    An existing table gets the nullable columns of `schema` it lacks (`add_missing_columns`): a lake
-    created by an earlier version keeps working when a platform table gains a column.
-    """
-    if not exists(path):
-        path.mkdir(parents=True, exist_ok=True)
-        try:
-            DeltaTable.create(str(path), schema, mode="ignore", partition_by=partition_by)
-        except DeltaError:
-            if not exists(path):  # a concurrent creator won; anything else is a real error
-                raise
-    table = DeltaTable(str(path))
-    return add_missing_columns(path, table, schema)
-
-
-def add_missing_columns(path: Path, table: DeltaTable, schema: pa.Schema) -> DeltaTable:
-    """Add the columns of `schema` that `table` lacks, as one metadata commit; rows already written read them as null.
-
-    Only nullable columns can be added this way (old rows have no value); a missing non-nullable one
-    means the lake and this version disagree about more than an added column.
-    """
-    present = {f.name for f in pa.schema(table.schema().to_arrow())}
-    missing = [f for f in schema if f.name not in present]
-    if not missing:
-        return table
-    required = [f.name for f in missing if not f.nullable]
-    if required:
-        raise LakeError(
-            f"{path} lacks the required column(s) {', '.join(required)} of this version of the platform; "
-            "it was written by another version: rebuild the lake from its sources"
-        )
-    from deltalake import Field
-
-    try:
-        table.alter.add_columns([Field.from_arrow(f) for f in missing])
-    except DeltaError:  # a concurrent setup added them first: fine when they are there now
-        table = DeltaTable(str(path))
-        if {f.name for f in missing} - {f.name for f in pa.schema(table.schema().to_arrow())}:
-            raise
-    return DeltaTable(str(path))
 
 
 class _Handles(threading.local):
@@ -171,108 +124,6 @@ def already_committed(table: DeltaTable, application: str, version: int) -> bool
     return recorded is not None and recorded >= version
 
 
-def commit_props(application: str | None, version: int | None, **metadata: Any) -> CommitProperties:
-    txns = [Transaction(app_id=application, version=version)] if application is not None and version is not None else None
-    return CommitProperties(app_transactions=txns, custom_metadata={k: str(v) for k, v in metadata.items()} or None, max_commit_retries=20)
-
-
-def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
-    """`errors.retry_conflicts` for delta-rs's conflicts (`CommitFailedError`), e.g. a backfill vs the stream."""
-    return retry_conflicts(action, (CommitFailedError,), what=what, attempts=attempts)
-
-
-def _guarded(application: str | None, version: int | None) -> bool:
-    return application is not None and version is not None
-
-
-def append_once(
-    path: Path, data: pa.Table, application: str | None, version: int | None, partition_by: list[str] | None = None, **metadata: Any
-) -> bool:
-    """Append `data` unless this application already committed `version`; True when it committed.
-
-    Without an application id the append is unguarded (for writes that have no batch id, such as a
-    running stream's idle-time expiries); `metadata` goes into the commit's custom metadata.
-    """
-    table = open_table(path)
-    if data.num_rows == 0 or (_guarded(application, version) and already_committed(table, application, version)):  # type: ignore[arg-type]
-        return False
-    with_retries(
-        lambda: write_deltalake(open_table(path), data, mode="append", partition_by=partition_by,
-                                commit_properties=commit_props(application, version, **metadata)),
-        what=f"append to {path.name}",
-    )
-    return True
-
-
-def overwrite_once(path: Path, data: pa.Table, application: str | None, version: int | None, **metadata: Any) -> bool:
-    """Replace the table's contents unless this application already committed `version` (small state tables)."""
-    if _guarded(application, version) and already_committed(open_table(path), application, version):  # type: ignore[arg-type]
-        return False
-    with_retries(
-        lambda: write_deltalake(open_table(path), data, mode="overwrite", commit_properties=commit_props(application, version, **metadata)),
-        what=f"overwrite {path.name}",
-    )
-    return True
-
-
-def insert_new_once(
-    path: Path,
-    data: pa.Table,
-    id_column: str,
-    partition_column: str,
-    application: str,
-    version: int,
-    range_column: str | None = None,
-) -> int | None:
-    """MERGE-insert rows whose id is not in the table yet; None when this batch was already committed.
-
-    The predicate names the partitions the batch touches as literals, so delta-rs prunes every other
-    partition. Within a partition the join would still read every file's ids, so a batch costs as much
-    as the partition is large (0.11 s at 100k rows, 0.74 s at 1M for 10k new rows). `range_column`
-    names a column that the id determines (the source position: equal ids have equal positions), and
-    the batch's min/max of it become literal bounds too; delta-rs then skips every file whose column
-    statistics lie outside them, and a batch of new positions reads only recent files (0.05 s at 1M).
-    Bounds are left out when the batch has nulls in the column; the MERGE is then as before, slower
-    but exact.
-    """
-    table = open_table(path)
-    if already_committed(table, application, version):
-        return None
-    if data.num_rows == 0:
-        return 0  # nothing to record: a replay of an empty batch writes nothing either
-    values = sorted({v for v in data.column(partition_column).to_pylist() if v is not None})
-    literals = ", ".join(f"'{v.isoformat()}'" for v in values)
-    conditions = [f"t.{partition_column} IN ({literals})"] if literals else []
-    if range_column is not None:
-        conditions += _range_conditions(data, range_column)
-    predicate = " AND ".join([*conditions, f"t.{id_column} = s.{id_column}"])
-
-    def merge() -> dict[str, Any]:
-        return (
-            open_table(path)
-            .merge(source=data, predicate=predicate, source_alias="s", target_alias="t", commit_properties=commit_props(application, version))
-            .when_not_matched_insert_all()
-            .execute()
-        )
-
-    metrics = with_retries(merge, what=f"merge into {path.name}")
-    return int(metrics.get("num_target_rows_inserted", 0))
-
-
-def delta_string(value: str) -> str:
-    """A string literal in a delta-rs predicate (DataFusion SQL): quotes doubled, nothing else special."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _range_conditions(data: pa.Table, column: str) -> list[str]:
-    """`t.col >= lo AND t.col <= hi` over a string column, or nothing when it has nulls (not exact then)."""
-    values = data.column(column)
-    if values.null_count:
-        return []
-    bounds = pc.min_max(values).as_py()
-    return [f"t.{column} >= {delta_string(bounds['min'])}", f"t.{column} <= {delta_string(bounds['max'])}"]
-
-
 def scan(
     table: DeltaTable,
     columns: list[str],
@@ -281,10 +132,11 @@ def scan(
 ) -> pa.Table:
     """Columns of a table's snapshot, filtered by `where` (a pyarrow expression over `columns`).
 
-    delta-rs MERGE writes parquet files whose string columns are `string_view`, while the table schema
-    says `string`; a pyarrow dataset filter bound to one fails on fragments of the other ("no kernel
-    matching input types (string, string_view)"). So the filter runs in memory, after the scan has cast
-    every file to the table schema; `partitions` (partition columns are not in the files) is pushed down.
+    Files written by delta-rs MERGE (lakes from before the write path moved to delta-spark) have
+    `string_view` string columns while the table schema says `string`; a pyarrow dataset filter bound
+    to one fails on fragments of the other ("no kernel matching input types (string, string_view)").
+    So the filter runs in memory, after the scan has cast every file to the table schema; `partitions`
+    (partition columns are not in the files) is pushed down.
     """
     data = table.to_pyarrow_dataset(partitions=partitions).to_table(columns=columns)
     return data if where is None else data.filter(where)

@@ -1,12 +1,11 @@
-"""The lake on delta-spark: the engine the pipeline is moving onto (issue 10), one table operation each.
+"""The lake on delta-spark, the engine every table is written with, one table operation each.
 
-Today's stages still commit through delta-rs (`lake.py`); this module is what they move to, table by
-table, and it already holds the rules that move must keep:
+The rules every writer keeps:
 
 * Exactly once is Delta's own. Every micro-batch write carries an application transaction
   (`txnAppId` = `<query id>:<table>`, `txnVersion` = batch id) as writer options; Delta records it in
   the same commit and skips a later write whose version is not above the recorded one, atomically,
-  where delta-rs only records it and the platform had to check it first.
+  (delta-rs, which wrote the lake before, only recorded it and the platform had to check it first).
 * Identity dedup stays: the raw log and markers insert only ids they do not hold (an anti-join, then
   the idempotent append), so input redelivered under a new batch id, or after a lost checkpoint,
   inserts nothing. The lookup names the partitions and position range the batch touches as literals,

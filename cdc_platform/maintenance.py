@@ -14,8 +14,8 @@ Why each step:
   a reader holding an older snapshot keeps working) delta-spark `VACUUM` deletes them; the count comes
   from its `VACUUM END` entry in `DESCRIBE HISTORY`.
 
-Fold and purge still commit through delta-rs (latest_state.compaction) until the write path moves; OPTIMIZE and
-VACUUM leave the table's protocol and features as they were, so delta-rs keeps writing after them
+Fold and purge are delta-spark MERGE and DELETE (`latest_state.compaction`); OPTIMIZE and VACUUM leave
+the table's protocol and features as they were, so the driver's delta-rs reads keep working after them
 (`tests/cdc_platform/test_lake_spark.py`).
 
 Every step is an ordinary Delta commit, safe to run while the stream runs (a conflicting commit is

@@ -138,7 +138,7 @@ def test_insert_new_once_with_nothing_to_insert(spark: Any, table: Path) -> None
     assert lake_spark.version(spark, table) == 0
 
 
-def test_a_delta_spark_table_reads_in_delta_rs_during_the_move(spark: Any, table: Path) -> None:
+def test_a_delta_spark_table_reads_in_delta_rs(spark: Any, table: Path) -> None:
     from deltalake import DeltaTable
 
     lake_spark.append_once(spark.createDataFrame([("a", D1, 1)], SCHEMA), table, "q:raw", 0)
@@ -160,7 +160,7 @@ def test_optimize_and_vacuum(spark: Any, table: Path) -> None:
     assert rows(spark, table) == [("e0", D1, 0), ("e1", D1, 1), ("e2", D1, 2)]
 
 
-# --- delta-rs writes, delta-spark reads and maintains (until the write path moves) -----------------
+# --- A lake an earlier version wrote with delta-rs: delta-spark reads, maintains and keeps writing it --------
 
 def _rs_rows(*items: tuple[str, int]) -> Any:
     import pyarrow as pa
@@ -169,11 +169,18 @@ def _rs_rows(*items: tuple[str, int]) -> Any:
 
 
 def _rs_table(tmp_path: Path) -> Path:
-    from cdc_platform import lake
+    from deltalake import DeltaTable
 
     path = tmp_path / "rs"
-    lake.ensure_table(path, _RS_SCHEMA, ["event_date"])
+    DeltaTable.create(str(path), _RS_SCHEMA, partition_by=["event_date"])
     return path
+
+
+def _rs_append(path: Path, data: Any, application: str, version: int) -> None:
+    """A micro-batch as the platform committed it before the write path moved: delta-rs, with the application transaction."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    write_deltalake(str(path), data, mode="append", commit_properties=CommitProperties(app_transactions=[Transaction(app_id=application, version=version)]))
 
 
 def _protocol(spark: Any, path: Path) -> tuple[Any, ...]:
@@ -195,33 +202,36 @@ _RS_SCHEMA = _import_schema()
 
 
 def test_delta_spark_reads_a_delta_rs_table_by_its_log_and_pins_versions(spark: Any, tmp_path: Path) -> None:
-    from cdc_platform import lake
-
-    path = _rs_table(tmp_path)
-    empty = lake_spark.read(spark, path)
-    assert empty.count() == 0 and empty.columns == ["event_id", "event_date", "v"], "an empty table reads with its schema"
-    lake.append_once(path, _rs_rows(("a", 1), ("b", 2)), "q:t", 0)
-    lake.open_table(path).delete("event_id = 'a'")  # rewrites the file; the old one stays on disk
-    assert [r["event_id"] for r in lake_spark.read(spark, path).collect()] == ["b"], "the log's files, not the directory's"
-    version, pinned = lake_spark.pinned(spark, path)
-    assert version == lake.open_table(path).version() == lake_spark._log_version(spark, path), "the fast version path works"
-    lake.append_once(path, _rs_rows(("c", 3)), "q:t", 1)
-    assert pinned.count() == 1, "a pinned snapshot does not follow later commits"
-    assert lake_spark.read(spark, path).count() == 2, "an unpinned read does"
-    assert lake_spark.read(spark, path, 1).count() == 2, "time travel to the version before the delete"
-
-
-def test_delta_rs_keeps_writing_after_delta_spark_optimize_and_vacuum(spark: Any, tmp_path: Path) -> None:
-    """OPTIMIZE and VACUUM on delta-spark leave protocol, features and application transactions as they
-    were, and delta-rs reads delta-spark's checkpoint and commits on top of it."""
     from deltalake import DeltaTable
 
     from cdc_platform import lake
 
     path = _rs_table(tmp_path)
+    empty = lake_spark.read(spark, path)
+    assert empty.count() == 0 and empty.columns == ["event_id", "event_date", "v"], "an empty table reads with its schema"
+    _rs_append(path, _rs_rows(("a", 1), ("b", 2)), "q:t", 0)
+    DeltaTable(str(path)).delete("event_id = 'a'")  # rewrites the file; the old one stays on disk
+    assert [r["event_id"] for r in lake_spark.read(spark, path).collect()] == ["b"], "the log's files, not the directory's"
+    version, pinned = lake_spark.pinned(spark, path)
+    assert version == lake.open_table(path).version() == lake_spark._log_version(spark, path), "the fast version path works"
+    _rs_append(path, _rs_rows(("c", 3)), "q:t", 1)
+    assert pinned.count() == 1, "a pinned snapshot does not follow later commits"
+    assert lake_spark.read(spark, path).count() == 2, "an unpinned read does"
+    assert lake_spark.read(spark, path, 1).count() == 2, "time travel to the version before the delete"
+
+
+def test_a_delta_rs_lake_keeps_its_exactly_once_state_under_delta_spark(spark: Any, tmp_path: Path) -> None:
+    """A lake written by an earlier version (delta-rs): OPTIMIZE and VACUUM leave protocol, features and
+    application transactions as they were, and delta-spark's writes honour the batches delta-rs recorded."""
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    path = _rs_table(tmp_path)
     for batch in range(8):
-        lake.append_once(path, _rs_rows((f"e{batch}", batch)), "q:t", batch)
-    lake.insert_new_once(path, _rs_rows(("e0", 0), ("m", 9)), "event_id", "event_date", "q:m", 0)  # a delta-rs MERGE (string_view files)
+        _rs_append(path, _rs_rows((f"e{batch}", batch)), "q:t", batch)
+    DeltaTable(str(path)).merge(  # a delta-rs MERGE (string_view files), as the raw log's insert was
+        source=_rs_rows(("e0", 0), ("m", 9)), predicate="t.event_id = s.event_id", source_alias="s", target_alias="t",
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id="q:m", version=0)]),
+    ).when_not_matched_insert_all().execute()
     before = _protocol(spark, path)
     assert lake_spark.version(spark, path) == 9
     metrics = lake_spark.optimize(spark, path)
@@ -234,9 +244,12 @@ def test_delta_rs_keeps_writing_after_delta_spark_optimize_and_vacuum(spark: Any
 
     fresh = DeltaTable(str(path))  # opened from delta-spark's checkpoint
     assert fresh.transaction_version("q:t") == 7 and fresh.transaction_version("q:m") == 0, "exactly-once state survives"
-    assert not lake.append_once(path, _rs_rows(("e7", 7)), "q:t", 7), "a replay is still refused"
-    assert lake.append_once(path, _rs_rows(("e8", 8)), "q:t", 8)
-    assert lake.insert_new_once(path, _rs_rows(("m", 9), ("n", 10)), "event_id", "event_date", "q:m", 1) == 1
+    frame = spark.createDataFrame([("e7", D1, 7)], SCHEMA)
+    assert not lake_spark.append_once(frame, path, "q:t", 7), "delta-spark refuses a batch delta-rs recorded"
+    assert lake_spark.append_once(spark.createDataFrame([("e8", D1, 8)], SCHEMA), path, "q:t", 8)
+    new = spark.createDataFrame([("m", D1, 9), ("n", D1, 10)], SCHEMA)
+    assert lake_spark.insert_new_once(new, path, "event_id", "event_date", "q:m", 0) is None, "the MERGE's batch too"
+    assert lake_spark.insert_new_once(new, path, "event_id", "event_date", "q:m", 1) == 1
     expected = sorted([f"e{i}" for i in range(9)] + ["m", "n"])
     assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("event_id").to_pylist()) == expected
     assert sorted(r["event_id"] for r in lake_spark.read(spark, path).collect()) == expected

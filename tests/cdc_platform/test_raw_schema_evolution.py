@@ -37,15 +37,7 @@ def test_an_old_raw_log_gains_the_origin_columns_and_keeps_its_rows(
     assert [r["id"] for r in query(cfg, "SELECT id FROM customers__full_view ORDER BY id")] == [1, 2, 3]
     version = lake.open_table(raw_path).version()
     IngestJob(cfg).setup()
-    lake.ensure_table(raw_path, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY)
     assert lake.open_table(raw_path).version() == version, "a lake that has the columns is left alone"
-
-
-def test_a_missing_required_column_is_refused(tmp_path) -> None:  # noqa: ANN001
-    path = tmp_path / "t"
-    lake.ensure_table(path, pa.schema([pa.field("a", pa.string())]))
-    with pytest.raises(LakeError, match="lacks the required column"):
-        lake.ensure_table(path, pa.schema([pa.field("a", pa.string()), pa.field("b", pa.string(), nullable=False)]))
 
 
 def test_a_missing_required_column_is_refused_on_delta_spark(spark, tmp_path) -> None:  # noqa: ANN001
