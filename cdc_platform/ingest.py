@@ -10,7 +10,7 @@ dead letters and one `pipeline_metrics` row.
 Stages come in two kinds (`stage.py`). A Spark stage (latest state) takes the batch as DataFrames and
 does its per-event work on the executors; the transaction stage still folds in the driver on Arrow (its
 step moving onto the executors is what issue 10 has left), so for it alone the batch's events are
-collected, once (`_stage_batch`); it commits with delta-spark like every stage. The raw log, markers,
+collected, once (`parse_spark.driver_batch`, only the columns it reads); it commits with delta-spark like every stage. The raw log, markers,
 dead letters, metrics and latest state never pass through the driver.
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
@@ -303,7 +303,7 @@ class IngestJob:
         def write_isolated(rows: pa.Table, stage_name: str) -> None:
             nonlocal isolated
             isolated += rows.num_rows
-            dead_rows = lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER)
+            dead_rows = lake_spark.from_arrow(spark, parse_spark.with_lines(rows, split.events), schemas.DEAD_LETTER)
             if lake_spark.append_once(dead_rows, self.path(DEAD_LETTER), ctx.app_id(f"{DEAD_LETTER}.{stage_name}"), batch_id):
                 landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + rows.num_rows
 
@@ -317,7 +317,9 @@ class IngestJob:
                     result = run_spark_stage(stage, spark_batch, ctx)
                 else:
                     if not collected:
-                        collected.append(self._stage_batch(split, batch_id, started))
+                        arrow_stages = [s for s in self.stages if not callable(getattr(s, "run", None))]
+                        narrow = getattr(arrow_stages[0], "driver_columns", None) if len(arrow_stages) == 1 else None
+                        collected.append(parse_spark.driver_batch(split, batch_id, started, narrow))
                         seconds["collect"] = time.perf_counter() - t
                         t = time.perf_counter()
                     result = run_stage(stage, collected[0], ctx, write_isolated)
@@ -370,25 +372,6 @@ class IngestJob:
         self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
         self._metrics_written_at, self._folded = now, FoldedBatches()
         return report
-
-    def _stage_batch(self, split: parse_spark.SplitBatch, batch_id: int, started: dt.datetime) -> ParsedBatch:
-        """The batch a stage that works on Arrow in the driver takes (the transaction stage, until it moves
-        onto Spark too): collected once, and only when such a stage runs."""
-        figures_ = split.figures
-
-        def collect(rows: DataFrame, schema: pa.Schema, count: int) -> pa.Table:
-            return _conform(parse_spark.in_order(rows), schema) if count else schema.empty_table()
-
-        return ParsedBatch(
-            batch_id=batch_id,
-            events=collect(split.events, schemas.RAW_CHANGE_EVENTS, figures_.change_events),
-            markers=collect(split.markers, schemas.TRANSACTION_MARKERS, figures_.markers),
-            dead_letters=schemas.DEAD_LETTER.empty_table(),
-            tombstones=figures_.tombstones,
-            rows_read=figures_.rows_read,
-            in_batch_duplicates=figures_.in_batch_duplicates,
-            ingested_at=started,
-        )
 
     def flush_folded_metrics(self) -> None:
         """Write the row of the newest heartbeat-only batch whose row was folded, carrying the ones before

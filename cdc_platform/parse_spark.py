@@ -22,7 +22,7 @@ batch are few): the wide rows, with their JSON text, are never shuffled for it. 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from cdc_platform import schemas
 from cdc_platform.envelope import KeySpec, parse_arrow_batches
 from cdc_platform.lake_spark import Footprint, footprint_columns, footprint_of, spark_schema
 from cdc_platform.sources import input_columns
+from cdc_platform.stage import ParsedBatch
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -195,6 +196,50 @@ def repeats(parsed: DataFrame) -> DataFrame:
     )
     rank = F.row_number().over(Window.partitionBy("kind", "_id").orderBy(SEQ))
     return ids.withColumn("_n", rank).where(F.col("_n") > 1).select("kind", SEQ)
+
+
+def driver_batch(split: SplitBatch, batch_id: int, started: dt.datetime,
+                 event_columns: Callable[[Sequence[str]], list[Column]] | None = None) -> ParsedBatch:
+    """The batch a stage that works on Arrow in the driver takes (the transaction stage, until its fold
+    moves onto Spark): collected once, in input order, and only when such a stage runs.
+
+    `event_columns` (the stage's `driver_columns`) narrows what is collected of the events; the columns
+    it leaves out read as null (the original line, above all: `with_lines` takes it back for a dead letter).
+    """
+    figures = split.figures
+
+    def collect(rows: DataFrame, schema: pa.Schema, count: int) -> pa.Table:
+        if not count:
+            return schema.empty_table()
+        table = in_order(rows)
+        return pa.Table.from_arrays([table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                                     for f in schema], schema=schema)
+
+    events = split.events if event_columns is None else split.events.select(*event_columns(split.events.columns), SEQ)
+    return ParsedBatch(
+        batch_id=batch_id,
+        events=collect(events, schemas.RAW_CHANGE_EVENTS, figures.change_events),
+        markers=collect(split.markers, schemas.TRANSACTION_MARKERS, figures.markers),
+        dead_letters=schemas.DEAD_LETTER.empty_table(),
+        tombstones=figures.tombstones,
+        rows_read=figures.rows_read,
+        in_batch_duplicates=figures.in_batch_duplicates,
+        ingested_at=started,
+    )
+
+
+def with_lines(dead: pa.Table, events: DataFrame) -> pa.Table:
+    """Dead letters of events with the original line filled in from the batch's events (by event id)
+    where a narrowed driver copy of the batch (`driver_batch`) left it out: nothing of an event is lost."""
+    from pyspark.sql import functions as F
+
+    ids, lines = dead.column("event_id").to_pylist(), dead.column("line").to_pylist()
+    missing = sorted({i for i, line in zip(ids, lines) if i is not None and line is None})
+    if not missing:
+        return dead
+    found = {r["event_id"]: r["line"] for r in events.where(F.col("event_id").isin(missing)).select("event_id", "line").collect()}
+    filled = [found.get(i) if line is None and i is not None else line for i, line in zip(ids, lines)]
+    return dead.set_column(dead.schema.get_field_index("line"), dead.schema.field("line"), pa.array(filled, pa.string()))
 
 
 def in_order(rows: DataFrame) -> pa.Table:

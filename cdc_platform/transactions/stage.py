@@ -113,6 +113,23 @@ class TransactionStage:
 
     name = "transactions"
 
+    #: The event columns a step reads, plus what a dead letter names (`stage.poison_rows`).
+    EVENT_COLUMNS = ("event_id", "transaction_id", "source_name", "table_id", "op", "key", "before", "after", "position",
+                     "source_ts", "tx_total_order", "tx_collection_order", "source_file")
+    #: Row images a step reads only for events in a transaction (the others only move clocks and marks).
+    IMAGE_COLUMNS = ("op", "key", "before", "after")
+
+    @classmethod
+    def driver_columns(cls, columns: Sequence[str]) -> list[Any]:
+        """What the driver collects of a batch's events (a DataFrame with `columns`) for this stage, as
+        Spark columns: those a step reads, and row images only of events in a transaction. The original
+        line stays on the executors, and the job takes it back by event id for the rare dead letter
+        (`ingest`)."""
+        from pyspark.sql import functions as F
+
+        in_tx = F.col("transaction_id").isNotNull()
+        return [F.when(in_tx, F.col(c)).alias(c) if c in cls.IMAGE_COLUMNS else F.col(c) for c in columns if c in cls.EVENT_COLUMNS]
+
     def __init__(self) -> None:
         self._lock = threading.RLock()  # a batch and an idle tick never interleave
         self._cache: tuple[Path, int, Held] | None = None

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from cdc_platform import lake, lake_spark, latest_state
+from cdc_platform import transactions as T
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
 from cdc_platform.ingest import IngestJob, split_parsed
@@ -199,3 +201,40 @@ def test_a_failing_commit_is_not_about_an_event_and_stops_the_run(make_config, l
     land("a.jsonl", [event(1, pos=1)])
     with pytest.raises(StageFailure, match=r"the lakegone stage could not commit batch 0: FileNotFoundError: .*No such file"):
         IngestJob(cfg, stages=[LakeGone()]).run_available_now(spark)
+
+
+class PoisonedTransactions(T.TransactionStage):
+    """The transaction stage raising on the charge at binlog position 201 (in its prepare, on the driver's
+    copy of the batch), and recording what that copy held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[ParsedBatch] = []
+
+    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> Any:
+        self.seen.append(batch)
+        if 201 in [json.loads(a)["pos"] for a in batch.events.column("after").to_pylist() if a]:
+            raise KeyError("poison")
+        return super().prepare(batch, ctx)
+
+
+def test_an_event_the_driver_side_stage_cannot_take_is_dead_lettered_with_its_line(make_config, land, spark, query) -> None:
+    """The transaction stage's copy of the batch leaves the original line (and plain events' images) on
+    the executors; the dead letter still carries the line, taken back by event id."""
+    from tests.cdc_platform.test_transactions import COUNTS, begin, end, ev
+
+    cfg = make_config({"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"]}})
+    bad = ev("g:2", "charges", 201, 2, row=2)
+    land("a.jsonl", [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS),
+                     ev(None, "charges", 150, 1.5, row=3), bad])
+    stage = PoisonedTransactions()
+    report = IngestJob(cfg, stages=[stage]).run_available_now(spark)
+    (dead,) = query(cfg, "SELECT * FROM dead_letter")
+    assert dead["reason_code"] == STAGE_ERROR and dead["stage"] == "transactions" and dead["line"] == bad
+    assert "KeyError: 'poison'" in dead["reason"] and dead["table_id"] == "shop.charges" and dead["event_id"]
+    assert report.total("dead_letters") == 1
+    assert [r["transaction_id"] for r in query(cfg, "SELECT transaction_id FROM transactions")] == ["g:1"], "the rest landed"
+    first = stage.seen[0].events
+    assert first.num_rows == 4 and first.column("line").null_count == 4, "the line stayed on the executors"
+    plain = first.filter(pc.is_null(first.column("transaction_id")))
+    assert plain.num_rows == 1 and plain.column("after").to_pylist() == [None] and plain.column("position").to_pylist()[0]
