@@ -9,9 +9,10 @@ dead letters and one `pipeline_metrics` row.
 
 Stages come in two kinds (`stage.py`). A Spark stage (latest state) takes the batch as DataFrames and
 does its per-event work on the executors; the transaction stage still folds in the driver on Arrow (its
-step moving onto the executors is what issue 10 has left), so for it alone the batch's events are
-collected, once (`parse_spark.driver_batch`, only the columns it reads); it commits with delta-spark like every stage. The raw log, markers,
-dead letters, metrics and latest state never pass through the driver.
+step moving onto the executors is what issue 10 has left), so for it alone the batch is collected, once
+(`parse_spark.driver_batch`, only the columns it reads), in a thread beside the Spark stages; it commits
+with delta-spark like every stage. The raw log, markers, dead letters, metrics and latest state never
+pass through the driver.
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
 ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit
@@ -27,6 +28,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +51,7 @@ from cdc_platform.stage import (
     SparkBatch,
     SparkStage,
     Stage,
+    StageResult,
     run_spark_stage,
     run_stage,
 )
@@ -297,7 +300,6 @@ class IngestJob:
         duplicates = figures_.in_batch_duplicates + (0 if replayed else distinct - landed[RAW] - landed[MARKERS])
 
         spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started)
-        collected: list[ParsedBatch] = []  # the batch on the driver, collected once for the stages that need it
         isolated = 0
 
         def write_isolated(rows: pa.Table, stage_name: str) -> None:
@@ -310,21 +312,46 @@ class IngestJob:
         stage_dead: list[pa.Table] = []
         stage_frames: list[tuple[DataFrame, int]] = []
         releases: list[Callable[[], None]] = []
-        try:
-            for stage in self.stages:
+
+        def run_arrow_stages(stages: list[Stage]) -> dict[str, StageResult]:
+            done: dict[str, StageResult] = {}
+            t = time.perf_counter()
+            narrow = getattr(stages[0], "driver_columns", None) if len(stages) == 1 else None
+            batch = parse_spark.driver_batch(split, batch_id, started, narrow)  # collected once for them all
+            seconds["collect"] = time.perf_counter() - t
+            for stage in stages:
                 t = time.perf_counter()
-                if callable(getattr(stage, "run", None)):
-                    result = run_spark_stage(stage, spark_batch, ctx)
-                else:
-                    if not collected:
-                        arrow_stages = [s for s in self.stages if not callable(getattr(s, "run", None))]
-                        narrow = getattr(arrow_stages[0], "driver_columns", None) if len(arrow_stages) == 1 else None
-                        collected.append(parse_spark.driver_batch(split, batch_id, started, narrow))
-                        seconds["collect"] = time.perf_counter() - t
-                        t = time.perf_counter()
-                    result = run_stage(stage, collected[0], ctx, write_isolated)
+                done[stage.name] = run_stage(stage, batch, ctx, write_isolated)
                 seconds[stage.name] = time.perf_counter() - t
-                if result.release is not None:
+            return done
+
+        results: dict[str, StageResult] = {}
+        try:
+            # The stages are independent given the batch, and each commits exactly once on its own, so the
+            # driver-side (Arrow) stages run beside the Spark ones: their Python folding and commits overlap
+            # the Spark stages' jobs instead of queueing behind them.
+            arrow_stages = [s for s in self.stages if not callable(getattr(s, "run", None))]
+            arrow_error: BaseException | None = None
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-arrow-stages") as pool:
+                arrow_done = pool.submit(run_arrow_stages, arrow_stages) if arrow_stages else None
+                try:
+                    for stage in self.stages:
+                        if stage not in arrow_stages:
+                            t = time.perf_counter()
+                            results[stage.name] = run_spark_stage(stage, spark_batch, ctx)
+                            seconds[stage.name] = time.perf_counter() - t
+                            releases.extend(r for r in [results[stage.name].release] if r is not None)
+                finally:  # a failing Spark stage still waits for the Arrow ones, which may be committing
+                    if arrow_done is not None:
+                        try:
+                            results |= arrow_done.result()
+                        except BaseException as exc:  # noqa: BLE001 - raised below, after the pool has closed
+                            arrow_error = exc
+            if arrow_error is not None:
+                raise arrow_error
+            for stage in self.stages:
+                result = results[stage.name]
+                if result.release is not None and result.release not in releases:
                     releases.append(result.release)
                 for k, v in result.rows_landed.items():
                     landed[k] = landed.get(k, 0) + v

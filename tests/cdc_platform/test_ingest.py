@@ -181,6 +181,81 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
 
 
+class SparkSide:
+    """A Spark stage that waits until the driver-side stage is folding (so it only passes if the two run
+    side by side), then returns or fails; records whether the job released its cached work."""
+
+    name = "spark_side"
+
+    def __init__(self, folding: threading.Event, *, fail: bool = False) -> None:
+        self.folding, self.fail, self.released = folding, fail, False
+
+    def setup(self, config: PlatformConfig) -> None:
+        pass
+
+    def run(self, batch: Any, ctx: BatchContext) -> StageResult:
+        assert self.folding.wait(60), "the driver-side stage never started while this one ran"
+        if self.fail:
+            raise RuntimeError("the spark side broke")
+        return StageResult(figures={"ran": 1.0}, release=lambda: setattr(self, "released", True))
+
+
+class ArrowSide:
+    """A driver-side stage (prepare/commit on the collected batch)."""
+
+    name = "arrow_side"
+
+    def __init__(self, folding: threading.Event, *, fail: bool = False) -> None:
+        self.folding, self.fail, self.committed = folding, fail, False
+
+    def setup(self, config: PlatformConfig) -> None:
+        pass
+
+    def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> int:
+        self.folding.set()
+        return batch.events.num_rows
+
+    def commit(self, seen: int, ctx: BatchContext) -> StageResult:
+        if self.fail:
+            raise OSError("disk full")
+        time.sleep(0.5)  # still committing when a failing Spark stage returns
+        self.committed = True
+        return StageResult(figures={"seen": float(seen)})
+
+
+def test_the_driver_side_stage_runs_beside_the_spark_stages(make_config) -> None:
+    from cdc_platform.stage import StageFailure
+
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    batch = parsed_batch([event(pos=1), event(pos=2, row_id=2)], {"payments.customers": ["id"]})
+
+    folding = threading.Event()
+    spark_side, arrow_side = SparkSide(folding), ArrowSide(folding)
+    job = IngestJob(cfg, stages=[spark_side, arrow_side])
+    job.setup()
+    report = job.process_parsed(batch, 0, "q")
+    assert report.stage_seconds.keys() >= {"spark_side", "arrow_side", "collect"} and arrow_side.committed and spark_side.released
+    metrics = lake.open_table(job.path("pipeline_metrics")).to_pyarrow_table().column("stage_figures").to_pylist()
+    figures = dict(metrics[0])
+    assert figures["spark_side.ran"] == 1.0 and figures["arrow_side.seen"] == 2.0
+
+    # A failing Spark stage waits for the driver-side one to finish committing, then stops the batch.
+    folding = threading.Event()
+    arrow_side = ArrowSide(folding)
+    job = IngestJob(cfg, stages=[SparkSide(folding, fail=True), arrow_side])
+    with pytest.raises(StageFailure, match="the spark side broke"):
+        job.process_parsed(batch, 1, "q")
+    assert arrow_side.committed, "the driver-side stage was not cut off mid-commit"
+
+    # A failing driver-side stage stops the batch, and the Spark stage's cached work is still released.
+    folding = threading.Event()
+    spark_side = SparkSide(folding)
+    job = IngestJob(cfg, stages=[spark_side, ArrowSide(folding, fail=True)])
+    with pytest.raises(StageFailure, match="disk full"):
+        job.process_parsed(batch, 2, "q")
+    assert spark_side.released
+
+
 def tree(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")}
 
