@@ -175,16 +175,26 @@ def append_once(df: DataFrame, path: Path | str, application: str, batch: int, *
                         what=f"append to {Path(str(path)).name}") is not None
 
 
+def writer(df: DataFrame, mode: str, application: str | None = None, batch: int | None = None, *,
+           metadata: str | None = None, merge_schema: bool = False) -> Any:
+    """A Delta writer of `df`, carrying the batch's application transaction (`txnAppId`/`txnVersion`)
+    when given one, so that Delta itself skips a batch it already holds; `metadata` goes into the
+    commit's `userMetadata`."""
+    w = df.write.format("delta").mode(mode)
+    if application is not None and batch is not None:
+        w = w.option("txnAppId", application).option("txnVersion", batch)
+    if merge_schema:
+        w = w.option("mergeSchema", "true")
+    return w.option("userMetadata", metadata) if metadata else w
+
+
 def append_version(df: DataFrame, path: Path | str, application: str, batch: int, *, before: int | None = None,
                    merge_schema: bool = False) -> int | None:
     """`append_once`, returning the table's version after the write, or None when Delta skipped it as
     already committed. `before`, the version the caller read just before, saves reading it again."""
     spark = df.sparkSession
     before = version(spark, path) if before is None else before
-    writer = df.write.format("delta").mode("append").option("txnAppId", application).option("txnVersion", batch)
-    if merge_schema:
-        writer = writer.option("mergeSchema", "true")
-    writer.save(location(path))
+    writer(df, "append", application, batch, merge_schema=merge_schema).save(location(path))
     after = version(spark, path)
     return None if after == before else after
 
@@ -365,8 +375,7 @@ def insert_new_once(
         fresh = df.join(F.broadcast(redelivered), on=row_column, how="left_anti").select(*(c for c in df.columns if c != row_column))
     def write() -> tuple[int, int]:  # again after a conflict: the lookup then reads the newer snapshot
         first = version(spark, path)
-        (fresh.write.format("delta").mode("append")
-         .option("txnAppId", application).option("txnVersion", batch).save(location(path)))
+        writer(fresh, "append", application, batch).save(location(path))
         return first, version(spark, path)
 
     before, after = with_retries(write, what=f"insert into {Path(str(path)).name}")

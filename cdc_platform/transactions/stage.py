@@ -6,7 +6,7 @@ died before its state commit (`mark_expired`), vacuums the tables it rewrites, a
 time for `cdc stream`. All the package's I/O is here, so the other modules stay pure and testable
 without a lake.
 
-Writes go through delta-spark (`_append`, `_overwrite`: Delta's `txnAppId`/`txnVersion` guard each
+Writes go through delta-spark (`_write`: Delta's `txnAppId`/`txnVersion` guard each
 table per batch), the three outputs and the watermark side by side, the state last. The few reads
 (the state table into the held state, versions, application transactions, the last commit's
 metadata) go through delta-rs: they are small tables read on the driver, where delta-rs answers in
@@ -54,36 +54,21 @@ MAINTENANCE_RETENTION_HOURS = 1
 STATE_TOKEN = "cdc_state_commit="
 
 
-def _writer(spark: Any, data: pa.Table, schema: pa.Schema, mode: str, application: str | None, version: int | None,
-            metadata: str | None) -> Any:
-    writer = lake_spark.from_arrow(spark, data, schema).write.format("delta").mode(mode)
-    if application is not None and version is not None:
-        writer = writer.option("txnAppId", application).option("txnVersion", version)
-    return writer.option("userMetadata", metadata) if metadata else writer
+def _write(spark: Any, path: Path, data: pa.Table, schema: pa.Schema, application: str | None, version: int | None,
+           *, mode: str, metadata: str | None = None) -> bool:
+    """Append to or overwrite (`mode`) one of the stage's tables unless this application already committed
+    `version`; True when it committed.
 
-
-def _append(spark: Any, path: Path, data: pa.Table, schema: pa.Schema, application: str | None, version: int | None,
-            metadata: str | None = None) -> bool:
-    """Append `data` unless this application already committed `version`; True when it committed.
-
-    Without an application id the append is unguarded (a running stream's idle-time expiries have no
-    batch id). An empty output commits nothing: the state commit, last, is what marks a batch done.
+    Without an application id the write is unguarded (a running stream's idle-time expiries have no
+    batch id). An empty append commits nothing: the state commit, last, is what marks a batch done.
+    The recorded version is read first (delta-rs, milliseconds) so that a replay ships no rows to Spark.
     """
-    if data.num_rows == 0 or (application is not None and version is not None
-                              and lake.already_committed(lake.open_table(path), application, version)):
+    if mode == "append" and data.num_rows == 0:
         return False
-    writer = _writer(spark, data, schema, "append", application, version, metadata)
-    lake_spark.with_retries(lambda: writer.save(lake_spark.location(path)), what=f"append to {path.name}")
-    return True
-
-
-def _overwrite(spark: Any, path: Path, data: pa.Table, schema: pa.Schema, application: str | None, version: int | None,
-               metadata: str | None = None) -> bool:
-    """Replace a small table's contents (state, watermark) unless this application already committed `version`."""
     if application is not None and version is not None and lake.already_committed(lake.open_table(path), application, version):
         return False
-    writer = _writer(spark, data, schema, "overwrite", application, version, metadata)
-    lake_spark.with_retries(lambda: writer.save(lake_spark.location(path)), what=f"overwrite {path.name}")
+    out = lake_spark.writer(lake_spark.from_arrow(spark, data, schema), mode, application, version, metadata=metadata)
+    lake_spark.with_retries(lambda: out.save(lake_spark.location(path)), what=f"{mode} {path.name}")
     return True
 
 
@@ -207,10 +192,8 @@ class TransactionStage:
 
         def output(name: str, data: pa.Table) -> bool:
             app = None if ctx is None else ctx.app_id(name)
-            if name == WATERMARK:
-                return _overwrite(spark, self._path(config, name), data, TABLE_SCHEMAS[name], app, version)
-            return _append(spark, self._path(config, name), data, TABLE_SCHEMAS[name], app, version,
-                           None if ctx is not None else "trigger=idle")
+            return _write(spark, self._path(config, name), data, TABLE_SCHEMAS[name], app, version,
+                          mode="overwrite" if name == WATERMARK else "append", metadata=None if ctx is not None else "trigger=idle")
 
         outputs = [(TRANSACTIONS, result.completed), (INCOMPLETE, result.incomplete), (LATE, result.late), (WATERMARK, result.watermark)]
         with ThreadPoolExecutor(max_workers=len(outputs), thread_name_prefix="cdc-tx-commit") as pool:
@@ -220,7 +203,7 @@ class TransactionStage:
         app = None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS)
         token = STATE_TOKEN + uuid.uuid4().hex
         self._cache = None  # until the commit is known to be ours
-        _overwrite(spark, state_path, result.state, OPEN_TRANSACTIONS_SCHEMA, app, version, token)
+        _write(spark, state_path, result.state, OPEN_TRANSACTIONS_SCHEMA, app, version, mode="overwrite", metadata=token)
         table = lake.open_table(state_path)
         if _latest_commit(table).get("userMetadata") == token:
             self._cache = (state_path, table.version(), after)

@@ -38,14 +38,14 @@ def sql_json(capsys: pytest.CaptureFixture[str], cfg: PlatformConfig, query: str
 
 def crash_before_the_state_commit(monkeypatch: pytest.MonkeyPatch) -> Callable[..., bool]:
     """Make the state commit raise, like a process killed after the outputs committed; return the real writer."""
-    real = tx_stage._overwrite
+    real = tx_stage._write
 
     def crash_on_state(spark: Any, path: Path, *args: Any, **kwargs: Any) -> bool:
         if path.name == T.OPEN_TRANSACTIONS:
             raise RuntimeError("killed before the state commit")
         return real(spark, path, *args, **kwargs)
 
-    monkeypatch.setattr(tx_stage, "_overwrite", crash_on_state)
+    monkeypatch.setattr(tx_stage, "_write", crash_on_state)
     return real
 
 def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complete(
@@ -118,7 +118,7 @@ def test_a_crash_between_outputs_and_state_neither_loses_nor_repeats(make_config
     with pytest.raises(StageFailure, match="killed before the state commit"):
         job.process_parsed(first, 0, "query-a")
     assert [r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)] == ["g:1"]
-    monkeypatch.setattr(tx_stage, "_overwrite", real)
+    monkeypatch.setattr(tx_stage, "_write", real)
 
     restarted = IngestJob(cfg, stages=[T.TransactionStage()])  # a new process: nothing cached
     restarted.process_parsed(first, 0, "query-a")  # Spark replays the unfinished batch
@@ -139,7 +139,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(make_config: Cal
     real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(RuntimeError):
         job.stages[0].on_idle(BatchContext(cfg, "query-a", 0), 5.0)  # type: ignore[attr-defined]
-    monkeypatch.setattr(tx_stage, "_overwrite", real)
+    monkeypatch.setattr(tx_stage, "_write", real)
 
     stage = T.TransactionStage()
     IngestJob(cfg, stages=[stage]).process_parsed(parsed_table([end("g:1", 1, {"shop.charges": 1})]), 1, "query-a")
@@ -187,7 +187,7 @@ def test_the_held_state_is_dropped_when_the_state_table_moved_on_under_it(make_c
     assert stage._cache is not None and stage._cache[1] == lake.open_table(state_path).version(), "its own commit is held"
 
     # Someone else rewrites the state: g:1 is forgotten there (its BEGIN and charge with it).
-    tx_stage._overwrite(spark, state_path, T.empty_state(), tx_stage.OPEN_TRANSACTIONS_SCHEMA, None, None)
+    tx_stage._write(spark, state_path, T.empty_state(), tx_stage.OPEN_TRANSACTIONS_SCHEMA, None, None, mode="overwrite")
     job.process_parsed(parsed_table([ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS)]), 1, "query-a")
     assert rows(cfg, T.TRANSACTIONS) == [], "decided on the table as committed, not on the held copy"
     (open_row,) = [r for r in rows(cfg, T.OPEN_TRANSACTIONS) if r["entry"] == T.OPEN]
@@ -200,17 +200,17 @@ def test_a_state_commit_that_is_not_recognisably_ours_is_not_held(make_config: C
     stage = T.TransactionStage()
     job = IngestJob(cfg, stages=[stage])
     job.setup()
-    real = tx_stage._overwrite
+    real = tx_stage._write
 
     def and_someone_else(spark: Any, path: Path, *args: Any, **kwargs: Any) -> bool:
         wrote = real(spark, path, *args, **kwargs)
         if path.name == T.OPEN_TRANSACTIONS:
-            real(spark, path, T.empty_state(), tx_stage.OPEN_TRANSACTIONS_SCHEMA, None, None)
+            real(spark, path, T.empty_state(), tx_stage.OPEN_TRANSACTIONS_SCHEMA, None, None, mode="overwrite")
         return wrote
 
-    monkeypatch.setattr(tx_stage, "_overwrite", and_someone_else)
+    monkeypatch.setattr(tx_stage, "_write", and_someone_else)
     job.process_parsed(parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1)]), 0, "query-a")
-    monkeypatch.setattr(tx_stage, "_overwrite", real)
+    monkeypatch.setattr(tx_stage, "_write", real)
     assert stage._cache is None, "the latest commit is not ours: nothing is held"
     assert [r for r in rows(cfg, T.OPEN_TRANSACTIONS) if r["entry"] == T.OPEN] == []
     job.process_parsed(parsed_table([ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS)]), 1, "query-a")
