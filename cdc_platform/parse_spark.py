@@ -209,11 +209,7 @@ def driver_batch(split: SplitBatch, batch_id: int, started: dt.datetime,
     figures = split.figures
 
     def collect(rows: DataFrame, schema: pa.Schema, count: int) -> pa.Table:
-        if not count:
-            return schema.empty_table()
-        table = in_order(rows)
-        return pa.Table.from_arrays([table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                                     for f in schema], schema=schema)
+        return schemas.conform(in_order(rows), schema) if count else schema.empty_table()
 
     events = split.events if event_columns is None else split.events.select(*event_columns(split.events.columns), SEQ)
     return ParsedBatch(

@@ -125,3 +125,12 @@ PARSED = pa.schema(
         pa.field("line", pa.string()),
     ]
 )
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` reordered and cast to `schema`, with the columns it lacks as nulls (a narrowed collect, a
+    Delta read that names list items differently)."""
+    return pa.Table.from_arrays(
+        [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema],
+        schema=schema,
+    )

@@ -15,19 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform.schemas import TS
+from cdc_platform.schemas import TS, conform
 
 
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Reorder and cast to `schema`, filling absent columns with nulls (Delta reads name list items differently)."""
-    arrays = []
-    for f in schema:
-        if f.name in table.column_names:
-            col = table.column(f.name)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
-        else:
-            arrays.append(pa.nulls(table.num_rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+_conform = conform  # the name the package's modules use
 
 
 def _arr(col: pa.ChunkedArray | pa.Array) -> pa.Array:
