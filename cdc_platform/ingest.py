@@ -311,7 +311,6 @@ class IngestJob:
 
         stage_dead: list[pa.Table] = []
         stage_frames: list[tuple[DataFrame, int]] = []
-        releases: list[Callable[[], None]] = []
 
         def run_arrow_stages(stages: list[Stage]) -> dict[str, StageResult]:
             done: dict[str, StageResult] = {}
@@ -340,7 +339,6 @@ class IngestJob:
                             t = time.perf_counter()
                             results[stage.name] = run_spark_stage(stage, spark_batch, ctx)
                             seconds[stage.name] = time.perf_counter() - t
-                            releases.extend(r for r in [results[stage.name].release] if r is not None)
                 finally:  # a failing Spark stage still waits for the Arrow ones, which may be committing
                     if arrow_done is not None:
                         try:
@@ -351,8 +349,6 @@ class IngestJob:
                 raise arrow_error
             for stage in self.stages:
                 result = results[stage.name]
-                if result.release is not None and result.release not in releases:
-                    releases.append(result.release)
                 for k, v in result.rows_landed.items():
                     landed[k] = landed.get(k, 0) + v
                 figures.update({f"{stage.name}.{k}": float(v) for k, v in result.figures.items()})
@@ -372,9 +368,10 @@ class IngestJob:
                 if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
                     landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
             seconds["dead_letter"] = time.perf_counter() - t
-        finally:
-            for release in releases:
-                release()
+        finally:  # every stage that returned, even when another failed
+            for result in results.values():
+                if result.release is not None:
+                    result.release()
 
         report = BatchReport(
             batch_id=batch_id,

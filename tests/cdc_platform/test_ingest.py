@@ -181,17 +181,21 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
 
 
-class SparkSide:
+class SideStage:
+    """A stage that runs beside another: `folding` is set once the driver-side one is folding."""
+
+    def __init__(self, folding: threading.Event, *, fail: bool = False) -> None:
+        self.folding, self.fail, self.released, self.committed = folding, fail, False, False
+
+    def setup(self, config: PlatformConfig) -> None:
+        pass
+
+
+class SparkSide(SideStage):
     """A Spark stage that waits until the driver-side stage is folding (so it only passes if the two run
     side by side), then returns or fails; records whether the job released its cached work."""
 
     name = "spark_side"
-
-    def __init__(self, folding: threading.Event, *, fail: bool = False) -> None:
-        self.folding, self.fail, self.released = folding, fail, False
-
-    def setup(self, config: PlatformConfig) -> None:
-        pass
 
     def run(self, batch: Any, ctx: BatchContext) -> StageResult:
         assert self.folding.wait(60), "the driver-side stage never started while this one ran"
@@ -200,16 +204,10 @@ class SparkSide:
         return StageResult(figures={"ran": 1.0}, release=lambda: setattr(self, "released", True))
 
 
-class ArrowSide:
+class ArrowSide(SideStage):
     """A driver-side stage (prepare/commit on the collected batch)."""
 
     name = "arrow_side"
-
-    def __init__(self, folding: threading.Event, *, fail: bool = False) -> None:
-        self.folding, self.fail, self.committed = folding, fail, False
-
-    def setup(self, config: PlatformConfig) -> None:
-        pass
 
     def prepare(self, batch: ParsedBatch, ctx: BatchContext) -> int:
         self.folding.set()
