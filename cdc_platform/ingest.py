@@ -210,15 +210,15 @@ class IngestJob:
         # The registry first: a reader that finds a table's directory must already know what it is (`cdc serve`
         # registered a latest-state table it did not know yet as a plain table, then could not make its views).
         lake.write_registry(cfg)
-        for name, schema, partition_by in (
+        own = [(self.path(name), lake_spark.spark_schema(schema), partition_by) for name, schema, partition_by in (
             (RAW, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY),
             (MARKERS, schemas.TRANSACTION_MARKERS, schemas.MARKERS_PARTITION_BY),
             (DEAD_LETTER, schemas.DEAD_LETTER, []),
             (METRICS, schemas.PIPELINE_METRICS, []),
-        ):
-            lake_spark.ensure_table(spark, self.path(name), lake_spark.spark_schema(schema), partition_by)
-        for stage in self.stages:
-            stage.setup(cfg)
+        )]
+        # The stages' tables are independent of these and of each other: all are created side by side.
+        lake_spark.side_by_side([lambda: lake_spark.ensure_tables(spark, own), *(lambda s=s: s.setup(cfg) for s in self.stages)],
+                                name="cdc-setup")
 
     def onboard_added_tables(self) -> list[str]:
         """Tables added to the config file since the last batch: built from the raw log, then kept by the stream."""

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 #: VACUUM's settings: log `VACUUM START`/`END` commits (with the deleted-file count), and the 7-day check.
 VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+#: Table operations one caller runs side by side (`side_by_side`): a Delta commit or creation is mostly the
+#: driver waiting on the log (listing, writing the commit file, the snapshot after it), not the cores.
+PARALLEL_COMMITS = 4
 #: VACUUM's own lock: two vacuums must not interleave saving and restoring its settings (session-wide).
 _VACUUM_LOCK = threading.Lock()
 
@@ -110,6 +113,27 @@ def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, part
         spark.sql(f"ALTER TABLE delta.`{location(path)}` ADD COLUMNS ({columns})")
         table = DeltaTable.forPath(spark, location(path))
     return table
+
+
+def side_by_side(actions: Sequence[Callable[[], Any]], *, name: str = "cdc-lake") -> list[Any]:
+    """Run independent table operations (on different tables) in threads; their results in order.
+
+    Every action runs to its end even when one fails, so no table is left half-way because a sibling
+    failed; the first failure is then raised.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(actions) <= 1:
+        return [action() for action in actions]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_COMMITS, len(actions)), thread_name_prefix=name) as pool:
+        futures = [pool.submit(action) for action in actions]
+    return [f.result() for f in futures]
+
+
+def ensure_tables(spark: SparkSession, tables: Sequence[tuple[Path | str, StructType, Sequence[str]]]) -> None:
+    """`ensure_table` for several tables side by side: a lake's first start creates about a dozen, each
+    ~0.2-0.8 s of the driver waiting on its log."""
+    side_by_side([lambda t=t: ensure_table(spark, *t) for t in tables], name="cdc-create")
 
 
 def _clear_uncommitted_log(spark: SparkSession, path: Path | str) -> bool:

@@ -39,7 +39,7 @@ from cdc_platform.latest_state.rows import (
     state_schema,
     type_rows,
 )
-from cdc_platform.latest_state.writing import _evolved, accept_names, ensure_tables, layer_rows, stored_lookup, stored_schema, widen
+from cdc_platform.latest_state.writing import _evolved, accept_names, ensure_tables, layer_rows, stored_lookup, stored_schema, table_specs, widen
 from cdc_platform.stage import BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows
 
 if TYPE_CHECKING:
@@ -146,9 +146,7 @@ class LatestStateStage:
         self._layers: dict[str, tuple[int, dict[str, int]]] = {}  # path -> (version, rows per layer at it)
 
     def setup(self, config: PlatformConfig) -> None:
-        spark = lake_spark.session()
-        for table in config.tables:
-            ensure_tables(spark, config.lake, table)
+        lake_spark.ensure_tables(lake_spark.session(), [spec for table in config.tables for spec in table_specs(config.lake, table)])
 
     def should_compact(self, layers: Mapping[str, int]) -> bool:
         return layers[DELTA] >= max(self.compact_min_changes, self.compact_ratio * layers[BASE])

@@ -24,13 +24,21 @@ from cdc_platform.latest_state.rows import source_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+
+def table_specs(lake_dir: Path, table: TableConfig) -> list[tuple[Path, StructType, list[str]]]:
+    """`<name>` (and `<name>_history`) with metadata columns only, for `lake_spark.ensure_tables`; source
+    columns come with data."""
+    specs = [(lake.table_path(lake_dir, table.name), lake_spark.spark_schema(pa.schema(list(META_FIELDS))), [LAYER])]
+    if table.history:
+        specs.append((lake.table_path(lake_dir, table.history_name), lake_spark.spark_schema(pa.schema(list(HISTORY_META))), []))
+    return specs
 
 
 def ensure_tables(spark: SparkSession, lake_dir: Path, table: TableConfig) -> None:
-    """Create `<name>` (and `<name>_history`) with metadata columns only; source columns come with data."""
-    lake_spark.ensure_table(spark, lake.table_path(lake_dir, table.name), lake_spark.spark_schema(pa.schema(list(META_FIELDS))), [LAYER])
-    if table.history:
-        lake_spark.ensure_table(spark, lake.table_path(lake_dir, table.history_name), lake_spark.spark_schema(pa.schema(list(HISTORY_META))))
+    """Create `<name>` (and `<name>_history`) if absent (`table_specs`)."""
+    lake_spark.ensure_tables(spark, table_specs(lake_dir, table))
 
 
 def accept_names(spark: SparkSession, path: Path, schema: pa.Schema) -> None:

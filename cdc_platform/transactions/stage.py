@@ -122,8 +122,8 @@ class TransactionStage:
 
     def setup(self, config: PlatformConfig) -> None:
         spark = lake_spark.session()
-        for name, schema in TABLE_SCHEMAS.items():
-            lake_spark.ensure_table(spark, lake.table_path(config.lake, name), lake_spark.spark_schema(schema))
+        lake_spark.ensure_tables(spark, [(lake.table_path(config.lake, name), lake_spark.spark_schema(schema), ())
+                                         for name, schema in TABLE_SCHEMAS.items()])
 
     def _path(self, config: PlatformConfig, name: str) -> Path:
         return lake.table_path(config.lake, name)
