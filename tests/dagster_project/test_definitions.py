@@ -327,7 +327,9 @@ def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(session, "get_spark", lambda app_name, master=None, conf=None: asked.update(app=app_name, conf=conf))
     CdcResource(config_path=str(generate_workload(tmp_path / "w", transactions=5).config_path)).spark()
     assert asked["conf"] == session.SHORT_LIVED_JVM
-    assert "-XX:TieredStopAtLevel=1" in session.SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
+    options = session.SHORT_LIVED_JVM["spark.driver.extraJavaOptions"].split()
+    assert "-XX:TieredStopAtLevel=1" in options
+    assert "-XX:ReservedCodeCacheSize=240m" in options  # C1 alone reserves 48 MB, which a run filled (compiler off)
 
 
 def test_a_batch_observation_carries_how_far_the_source_was_read() -> None:
