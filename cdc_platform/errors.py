@@ -51,6 +51,11 @@ def retry_conflicts(action: Callable[[], Any], conflicts: tuple[type[BaseExcepti
     return None
 
 
+class CheckCrashed(CdcError):
+    """A check raised instead of returning an outcome: a code or environment problem, not a data one (a
+    failed check is an outcome). The message names the check and its error; fix that and run it again."""
+
+
 class QueryError(CdcError):
     """A SQL query given to `cdc sql` failed in Spark (syntax, unknown column, table or function, a bad
     value); the message names the cause in words, Spark's error class last, so the user can fix the query."""

@@ -95,7 +95,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
     # running the steps one after another, and a run needs no `cdc serve` to be up.
     pipeline = define_asset_job(PIPELINE_JOB, selection=AssetSelection.assets(ingest, *views), executor_def=in_process_executor,
                                 description="Ingest everything landed since the last run, then refresh the views; runs every check on them.")
-    check_job = define_asset_job("coverage_and_completeness_checks", selection=AssetSelection.checks(*scheduled_checks(asset_checks)),
+    check_job = define_asset_job("coverage_and_completeness_checks", selection=AssetSelection.checks(*scheduled_checks(config)),
                                  executor_def=in_process_executor,
                                  description="The coverage and completeness checks, without materialising anything.")
 
@@ -137,7 +137,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
 
     return Definitions(
         assets=[ingest, *views, *([snapshot_load] if snapshot_load is not None else [])],
-        asset_checks=[*asset_checks, *policy],
+        asset_checks=[asset_checks, *policy],
         jobs=[pipeline, check_job, lake_maintenance],
         schedules=[
             ScheduleDefinition(name="cdc_pipeline_every_5_minutes", job=pipeline, cron_schedule="*/5 * * * *",

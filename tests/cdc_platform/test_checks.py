@@ -270,3 +270,50 @@ def test_a_lake_from_before_heartbeat_times_reads_without_them(tmp_path: Path) -
     [batch] = checks.batches_since(tmp_path, None)
     assert batch["batch_id"] == 0 and "newest_heartbeat_ts" not in batch
     assert checks.newest_heartbeat(tmp_path) is None
+
+
+def _passing(name: str) -> checks.CheckOutcome:
+    return checks.CheckOutcome(True, checks.Severity.ERROR, f"{name} passed")
+
+
+def test_checks_evaluate_side_by_side_and_each_outcome_comes_back() -> None:
+    """Two checks that can only finish together (each waits for the other at a barrier): one after
+    another, the first would time out."""
+    import threading
+
+    meeting = threading.Barrier(2, timeout=30)
+
+    def meets(name: str) -> checks.CheckOutcome:
+        meeting.wait()
+        return _passing(name)
+
+    outcomes = dict(checks.side_by_side({"a": lambda: meets("a"), "b": lambda: meets("b"), "c": lambda: _passing("c")}, threads=2))
+    assert {k: o.description for k, o in outcomes.items()} == {"a": "a passed", "b": "b passed", "c": "c passed"}
+
+
+def test_a_check_that_raises_leaves_the_others_their_outcomes_then_is_raised() -> None:
+    from cdc_platform.errors import CheckCrashed
+
+    def broken() -> checks.CheckOutcome:
+        raise FileNotFoundError("no such table: transactions")
+
+    got: list[str] = []
+    with pytest.raises(CheckCrashed, match=r"the check completeness could not run: FileNotFoundError: no such table: transactions"):
+        for key, outcome in checks.side_by_side({"completeness": broken, "coverage": lambda: _passing("coverage"),
+                                                 "freshness": lambda: _passing("freshness")}):
+            got.append(key)
+    assert sorted(got) == ["coverage", "freshness"]
+
+
+def test_gx_validations_side_by_side_each_judge_their_own_frame(spark) -> None:
+    """Checks share one session in threads: GX's contexts must not mix up the frames they validate."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    good = spark.range(0, 50).selectExpr("id", "id % 7 AS v")
+    bad = spark.range(0, 50).selectExpr("id % 10 AS id", "CAST(NULL AS BIGINT) AS v")
+    suite = {"name": "s", "expectations": [{"type": "expect_column_values_to_be_unique", "kwargs": {"column": "id"}},
+                                           {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "v"}}]}
+    frames = [good if i % 2 else bad for i in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        passed = list(pool.map(lambda df: quality.validate(df, suite).passed, frames))
+    assert passed == [bool(i % 2) for i in range(8)]

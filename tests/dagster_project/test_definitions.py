@@ -224,6 +224,24 @@ def test_a_corrupted_lake_turns_the_matching_checks_red(pipeline_run: Any, spark
     assert gtid in completeness.description
 
 
+def test_a_check_that_crashes_fails_its_step_and_the_others_still_report(pipeline_run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks run side by side in one op: one raising (a code problem) must not cost the others
+    their results, and the run says which check could not run."""
+    from cdc_platform import checks
+
+    _, defs, _, instance = pipeline_run
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise FileNotFoundError("the transactions table is gone")
+
+    monkeypatch.setattr(checks, "completeness", broken)
+    run = defs.resolve_job_def("coverage_and_completeness_checks").execute_in_process(instance=instance, raise_on_error=False)
+    assert not run.success
+    assert {k for k in evaluations(run)} == {("customers", "coverage"), ("charges", "coverage"), ("refunds", "coverage")}
+    failure = next(e for e in run.all_events if e.is_step_failure)
+    assert "the check transactions:completeness could not run: FileNotFoundError: the transactions table is gone" in failure.step_failure_data.error.to_string()
+
+
 def test_snapshot_backfill_partition_dry_run_then_load(pipeline_run: Any, query: Any) -> None:
     import json
 
@@ -286,6 +304,7 @@ def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path
     from cdc_platform import source_coverage
     from cdc_platform.checks import CheckOutcome, Severity
     from cdc_platform.config import load_config
+    from dagster_project.checks import platform_checks, to_result
     from dagster_project.resources import CdcResource
 
     workload = generate_workload(tmp_path / "w", transactions=5)
@@ -311,8 +330,8 @@ def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path
         return CheckOutcome(False, Severity.ERROR, f"{table.name}: 1 missing in lake", {"missing_in_lake": 1, "live_mismatched_keys": {"missing_in_lake": ['{"id": 3}']}})
 
     monkeypatch.setattr(source_coverage, "source_coverage", fake)
-    check = next(c for c in defs.asset_checks if AssetCheckKey(AssetKey(names[0]), "source_coverage") in c.check_keys)
-    result = check(cdc=CdcResource(config_path=str(config)))
+    check = next(c for c in platform_checks(load_config(config)) if c.key == AssetCheckKey(AssetKey(names[0]), "source_coverage"))
+    result = to_result(check.evaluate(CdcResource(config_path=str(config))), check.key)
     assert not result.passed and result.description == f"{names[0]}: 1 missing in lake"
     assert result.metadata["missing_in_lake"].value == 1
     assert seen == [(names[0], "postgresql://reader@127.0.0.1:5432/app")]
