@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +48,6 @@ if TYPE_CHECKING:
 #: fraction of the base, whichever is larger (a fixed fraction keeps the amortised cost per change flat).
 COMPACT_MIN_CHANGES = 100_000
 COMPACT_RATIO = 0.1
-#: Tables of one batch committed at once (threads of the driver, each running its table's Spark jobs).
-COMMIT_THREADS = 4
 
 
 @dataclass
@@ -158,8 +155,8 @@ class LatestStateStage:
         if not tables:
             return StageResult()
         spark = batch.events.sparkSession
-        with ThreadPoolExecutor(max_workers=max(1, min(COMMIT_THREADS, len(tables))), thread_name_prefix="cdc-schema") as pool:
-            inputs = dict(zip((t.source for t in tables), pool.map(lambda t: _table_input(spark, config.lake, t), tables)))
+        inputs = dict(zip((t.source for t in tables),
+                          lake_spark.side_by_side([lambda t=t: _table_input(spark, config.lake, t) for t in tables], name="cdc-schema")))
         staged, plans = self._stage(batch.events, inputs, ctx)
         try:
             needs = {tid: p for tid, p in plans.items() if p.part == staging.NEED}
@@ -184,9 +181,8 @@ class LatestStateStage:
             # Tables commit side by side: a Delta commit is mostly the driver waiting (log listing, writing the
             # commit file, the snapshot after it), and each table's is independent of the others'.
             tasks = [(tid, part) for tid in order for part in (staging.STATE, staging.HISTORY)]
-            with ThreadPoolExecutor(max_workers=max(1, min(COMMIT_THREADS, len(tasks))), thread_name_prefix="cdc-commit") as pool:
-                parts = list(pool.map(lambda task: self._commit_part(spark, config.lake, inputs[task[0]].table, plans[task[0]],
-                                                                     frames[task[0]], ctx, task[1]), tasks))
+            parts = lake_spark.side_by_side([lambda tid=tid, part=part: self._commit_part(spark, config.lake, inputs[tid].table, plans[tid],
+                                                                                          frames[tid], ctx, part) for tid, part in tasks], name="cdc-commit")
             committed = [TableApply(rows=state.rows, compacted=state.compacted, compact_seconds=state.compact_seconds,
                                     history_rows=history.history_rows) for state, history in zip(parts[::2], parts[1::2])]
             for tid, done in zip(order, committed):

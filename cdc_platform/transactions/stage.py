@@ -19,7 +19,6 @@ import datetime as dt
 import threading
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +195,7 @@ class TransactionStage:
                           mode="overwrite" if name == WATERMARK else "append", metadata=None if ctx is not None else "trigger=idle")
 
         outputs = [(TRANSACTIONS, result.completed), (INCOMPLETE, result.incomplete), (LATE, result.late), (WATERMARK, result.watermark)]
-        with ThreadPoolExecutor(max_workers=len(outputs), thread_name_prefix="cdc-tx-commit") as pool:
-            wrote = list(pool.map(lambda item: output(*item), outputs))
+        wrote = lake_spark.side_by_side([lambda item=item: output(*item) for item in outputs], name="cdc-tx-commit")
         landed = {name: data.num_rows for (name, data), done in zip(outputs, wrote) if done and name != WATERMARK}
         state_path = self._path(config, OPEN_TRANSACTIONS)
         app = None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS)
