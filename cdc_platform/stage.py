@@ -298,14 +298,15 @@ def poison_rows(batch: ParsedBatch, found: Isolation, stage: str) -> pa.Table:
         if kind == "event":
             row["table_id"] = events.column("table_id")[i].as_py()
             row["event_id"] = events.column("event_id")[i].as_py()
-        what = "event" if kind == "event" else "transaction marker"
-        rows.append({
-            **row,
-            "reason_code": STAGE_ERROR,
-            "reason": (
-                f"the {stage} stage raised {describe_error(exc)} on this {what}; the rest of the batch was applied and the "
-                f"{what} is kept in the {'raw log' if kind == 'event' else 'transaction markers'}, from which a rebuild "
-                f"re-applies it. This is a defect of the platform: report it with this line"
-            ),
-        })
+        rows.append({**row, "reason_code": STAGE_ERROR, "reason": poison_reason(stage, kind, describe_error(exc))})
     return dead_letter_rows(rows, stage=stage, batch_id=batch.batch_id)
+
+
+def poison_reason(stage: str, kind: str, error: str) -> str:
+    """The dead letter's reason for an event (`kind` "event") or marker that made `stage` raise `error`."""
+    what = "event" if kind == "event" else "transaction marker"
+    return (
+        f"the {stage} stage raised {error} on this {what}; the rest of the batch was applied and the "
+        f"{what} is kept in the {'raw log' if kind == 'event' else 'transaction markers'}, from which a rebuild "
+        f"re-applies it. This is a defect of the platform: report it with this line"
+    )

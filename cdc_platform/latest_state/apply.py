@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cdc_platform import lake, lake_spark, schemas, unavailable
+from cdc_platform import arrow_parts, lake, lake_spark, schemas, unavailable
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.latest_state import staging
 from cdc_platform.latest_state.compaction import compact
@@ -164,7 +164,7 @@ class LatestStateStage:
                 again = {}
                 for tid, need in needs.items():
                     table = inputs[tid].table
-                    keys = staging.decode_one(need.payload)
+                    keys = arrow_parts.decode_one(need.payload)
                     found = stored_lookup(spark, lake.table_path(config.lake, table.name), table.key, keys, need.info["columns"])
                     again[tid] = _with_lookup(inputs[tid], found)
                 restaged, replans = self._stage(batch.events.where(_table_in(again)), again, ctx)
@@ -341,7 +341,7 @@ def _decoded(frame: tuple[DataFrame, DataFrame], table_id: str | None, part: str
     staged, events = frame
     rows = staged.where(F.col("part") == part).select("payload")
     constants = {"_seq": seq} if seq is not None else None
-    decoded = rows.mapInArrow(staging.decoder(schema, constants), lake_spark.spark_schema(schema))
+    decoded = rows.mapInArrow(arrow_parts.decoder(schema, constants), lake_spark.spark_schema(schema))
     if part != staging.DEAD:
         return decoded
     lines = events.select(F.col("event_id").alias("__id"), F.col("line").alias("__line"))  # one row per id (split)

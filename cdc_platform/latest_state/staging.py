@@ -15,7 +15,7 @@ row is one part of the table's result, its rows encoded as an Arrow IPC stream i
   collects these, and only these.
 * `state`, `history`: the rows to append to `<name>` and `<name>_history`, in chunks. They stay on the
   executors (the staged frame is persisted for the batch); the driver decodes them per table with
-  `decode`, in `mapInArrow`, straight into the Delta write.
+  `arrow_parts.decoder`, in `mapInArrow`, straight into the Delta write.
 * `dead`: dead-letter rows (`DEAD_LETTER`), the stage's own and the poison events', likewise.
 * `need`: the typed keys whose unavailable-value placeholder nothing in the batch resolves. The driver
   reads their stored values with Spark and stages that table again with them (`TableInput.lookup`);
@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from cdc_platform import schemas
+from cdc_platform.arrow_parts import chunks, encode
 from cdc_platform.config import TableConfig
 from cdc_platform.stage import (
     NOT_ABOUT_EVENTS,
@@ -63,8 +64,6 @@ STAGED = pa.schema([
     pa.field("info", pa.string()),
 ])
 PLAN, STATE, HISTORY, DEAD, NEED, FAILURE = "plan", "state", "history", "dead", "need", "failure"
-#: Rows per encoded chunk: bounds one payload (a Spark row) whatever the batch size.
-CHUNK_ROWS = 20_000
 
 #: The figures of one table's batch, in `plan` rows' info and the stage's metrics.
 FIGURES = ("rows", "tombstones", "truncates", "added_columns", "widened_columns", "unavailable_filled", "unavailable_unresolved")
@@ -110,17 +109,6 @@ class _Recorder:
 
 # --- encoding parts -----------------------------------------------------------------------------------
 
-def encode(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def decode_one(payload: bytes) -> pa.Table:
-    return pa.ipc.open_stream(payload).read_all()
-
-
 def _row(table_id: str, part: str, chunk: int = 0, payload: bytes | None = None, info: Any = None) -> dict[str, Any]:
     return {"table_id": table_id, "part": part, "chunk": chunk, "payload": payload,
             "info": None if info is None else json.dumps(info, sort_keys=True)}
@@ -129,8 +117,7 @@ def _row(table_id: str, part: str, chunk: int = 0, payload: bytes | None = None,
 def _chunks(table_id: str, part: str, rows: pa.Table | None) -> list[dict[str, Any]]:
     if rows is None or rows.num_rows == 0:
         return []
-    return [_row(table_id, part, i, encode(rows.slice(start, CHUNK_ROWS)))
-            for i, start in enumerate(range(0, rows.num_rows, CHUNK_ROWS))]
+    return [_row(table_id, part, i, payload) for i, payload in enumerate(chunks(rows))]
 
 
 def _schema_text(schema: pa.Schema | None) -> str | None:
@@ -240,31 +227,5 @@ def group_function(ctx: StagingContext) -> Callable[[tuple[pa.Scalar, ...], pa.T
 
     def run(key: tuple[pa.Scalar, ...], rows: pa.Table) -> pa.Table:
         return stage_table(ctx, key[0].as_py(), rows)
-
-    return run
-
-
-def decoder(schema: pa.Schema, constants: Mapping[str, Any] | None = None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The `mapInArrow` function that turns staged payloads back into rows of `schema` (on the executors).
-
-    `constants` overrides columns for every row (the `_seq` the driver learns only at write time).
-    """
-    fixed = dict(constants or {})
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for payload in batch.column(batch.schema.get_field_index("payload")).to_pylist():
-                if payload is None:
-                    continue
-                rows = decode_one(payload)
-                arrays = []
-                for f in schema:
-                    if f.name in fixed:
-                        arrays.append(pa.array([fixed[f.name]] * rows.num_rows, f.type))
-                    elif f.name in rows.column_names:
-                        arrays.append(rows.column(f.name).cast(f.type, safe=False))
-                    else:
-                        arrays.append(pa.nulls(rows.num_rows, f.type))
-                yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
 
     return run

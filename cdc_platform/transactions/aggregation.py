@@ -11,6 +11,7 @@ and reach the same decisions.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +179,80 @@ def aggregate(
     return step(hold(state), events, markers, settings, batch_id=batch_id, now=now, idle_us=idle_us)[0]
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """Every stream's event time before and after a batch, and each table stream's source.
+
+    The one part of a step that is global: every transaction is judged against the same clocks, so a
+    step split by transaction (`transactions.buckets`, on the executors) takes them from the driver,
+    which builds them from a per-stream aggregate of the batch (`batch_clock`).
+    """
+
+    before: dict[str, int]
+    after: dict[str, int]
+    stream_source: dict[str, str]
+
+    @property
+    def known(self) -> frozenset[str]:
+        """The table streams (every stream but the markers')."""
+        return frozenset(self.after) - {MARKERS_STREAM}
+
+
+#: One row per stream a batch moved: the newest event time on it (microseconds) and, for a table
+#: stream, the smallest source name of its events ('' when absent).
+CLOCK = pa.schema([("stream", pa.string()), ("ts", pa.int64()), ("source", pa.string())])
+
+
+def batch_clock(items: pa.Table, plain: pa.Table, markers: pa.Table) -> pa.Table:
+    """What a batch tells the stream clocks (`CLOCK`): small, the same whether computed here or by Spark.
+
+    A table stream moves with what it carried, in or outside a transaction: a topic still delivering
+    its snapshot (reads carry no transaction) is alive and behind, not silent, so transactions waiting
+    on it wait for it instead of being judged by the fastest stream. Plain events without a timestamp
+    say nothing about time and are left out; transactional ones still name their stream's source.
+    """
+    arrivals = pa.concat_tables([
+        pa.table({"table_id": _arr(items.column("table_id")), "ts": _us(items.column("source_ts")), "source": _arr(items.column("source"))}),
+        plain.select(["table_id", "ts", "source"]).filter(pc.is_valid(plain.column("ts"))),
+    ])
+    rows = [CLOCK.empty_table()]
+    if arrivals.num_rows:
+        per_table = arrivals.group_by("table_id", use_threads=False).aggregate([("ts", "max"), ("source", "min")])
+        rows.append(pa.table({"stream": per_table.column("table_id"), "ts": per_table.column("ts_max"),
+                              "source": per_table.column("source_min")}, schema=CLOCK))
+    if markers.num_rows:
+        top = pc.max(_us(markers.column("marker_ts"))).as_py()
+        rows.append(pa.table({"stream": [MARKERS_STREAM], "ts": [top], "source": [None]}, schema=CLOCK))
+    return pa.concat_tables(rows)
+
+
+def advance(progress: dict[str, int], stream_source: dict[str, str], clock: pa.Table) -> Clocks:
+    """The clocks after a batch: each stream at the newest event time it has carried (never back)."""
+    after, sources = dict(progress), dict(stream_source)
+    rows = sorted(zip(clock.column("stream").to_pylist(), clock.column("ts").to_pylist(), clock.column("source").to_pylist()),
+                  key=lambda r: r[0])  # the same clocks whatever order an aggregate returned them in
+    for stream, ts, source in rows:
+        if ts is not None:
+            after[stream] = max(after.get(stream, ts), ts)
+        if stream != MARKERS_STREAM:
+            sources.setdefault(stream, source or "")
+    return Clocks(before=dict(progress), after=after, stream_source=sources)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a step decided about the transactions it was given, before the (global) watermark."""
+
+    still_open: pa.Table
+    still_waits: pa.Table
+    kept_finished: pa.Table
+    new_finished: pa.Table
+    completed: pa.Table  # `transactions` rows
+    incomplete: pa.Table  # `incomplete_transactions` rows
+    late: pa.Table  # `late_transaction_events` rows
+    merged: int
+
+
 def step(
     held: Held,
     events: pa.Table,
@@ -196,35 +271,62 @@ def step(
     streams, so it stays not complete unless the set of table streams changed; then every open row
     is re-judged, as on the first step after a load.
     """
-    open_rows, finished = held.open_rows, held.finished
-    progress, stream_source = dict(held.progress), dict(held.stream_source)
-    sources = held.sources
-    prev_progress = dict(progress)
-
     items, plain = _split_events(events)
     mk = _conform_markers(markers)
+    clocks = advance(held.progress, held.stream_source, batch_clock(items, plain, mk))
+    settled = settle(held, items, mk, clocks, settings, batch_id=batch_id, now=now, idle_us=idle_us)
 
-    # 1. Streams advance with what they carried in this batch, in or outside a transaction: a topic
-    #    still delivering its snapshot (reads carry no transaction) is alive and behind, not silent,
-    #    so transactions waiting on it wait for it instead of being judged by the fastest stream.
-    arrivals = pa.concat_tables([
-        pa.table({"table_id": _arr(items.column("table_id")), "ts": _us(items.column("source_ts")), "source": _arr(items.column("source"))}),
-        plain.select(["table_id", "ts", "source"]).filter(pc.is_valid(plain.column("ts"))),
+    # The consistency watermark per source.
+    new_sources, watermark = _watermark(
+        held.sources, plain, settled.new_finished, settled.kept_finished, settled.still_open, clocks.stream_source, batch_id, now
+    )
+    new_state = pa.concat_tables([
+        settled.still_open,
+        settled.kept_finished,
+        _stream_rows(clocks.after, clocks.stream_source, batch_id),
+        _source_rows(new_sources, batch_id),
     ])
-    if arrivals.num_rows:
-        per_table = arrivals.group_by("table_id", use_threads=False).aggregate([("ts", "max"), ("source", "min")])
-        for table_id, ts, source in zip(
-            per_table.column("table_id").to_pylist(), per_table.column("ts_max").to_pylist(), per_table.column("source_min").to_pylist()
-        ):
-            if ts is not None:
-                progress[table_id] = max(progress.get(table_id, ts), ts)
-            stream_source.setdefault(table_id, source or "")
-    if mk.num_rows:
-        top = pc.max(_us(mk.column("marker_ts"))).as_py()
-        if top is not None:
-            progress[MARKERS_STREAM] = max(progress.get(MARKERS_STREAM, top), top)
+    figures = settled_figures(settled) | {"state_rows": float(new_state.num_rows)}
+    after = Held(
+        open_rows=settled.still_open, finished=settled.kept_finished, progress=clocks.after, stream_source=clocks.stream_source,
+        sources=new_sources, waits=settled.still_waits, known=clocks.known,
+    )
+    return Step(state=new_state, completed=settled.completed, incomplete=settled.incomplete, late=settled.late,
+                watermark=watermark, figures=figures), after
 
-    # 2. Sort arrivals: for a finished transaction (late), for an open one, for a new one, or for one
+
+def settled_figures(settled: Settled) -> dict[str, float]:
+    return {
+        "completed": float(settled.completed.num_rows),
+        "expired": float(settled.incomplete.num_rows),
+        "late": float(settled.late.num_rows),
+        "open": float(settled.still_open.num_rows),
+        "finished_kept": float(settled.kept_finished.num_rows),
+        "merged": float(settled.merged),
+    }
+
+
+def settle(
+    held: Held,
+    items: pa.Table,
+    mk: pa.Table,
+    clocks: Clocks,
+    settings: Settings,
+    *,
+    batch_id: int | None,
+    now: dt.datetime,
+    idle_us: int = 0,
+) -> Settled:
+    """Merge a batch's transactional items and markers into the open transactions and judge them.
+
+    Per transaction given the clocks: any subset of transactions (all events and markers of each)
+    settles the same as it does among all the others, which is what lets the executors run this on
+    the transactions of one bucket each.
+    """
+    open_rows, finished = held.open_rows, held.finished
+    progress, prev_progress = clocks.after, clocks.before
+
+    # 1. Sort arrivals: for a finished transaction (late), for an open one, for a new one, or for one
     #    too old to be anything but late (its transaction may have finished and been forgotten).
     finished_ids = _arr(finished.column("transaction_id"))
     open_ids = _arr(open_rows.column("transaction_id"))
@@ -258,9 +360,9 @@ def step(
         batch_id=batch_id, now=now,
     )
 
-    # 3. Merge this batch's arrivals into the open transactions they touch, one row per active
+    # 2. Merge this batch's arrivals into the open transactions they touch, one row per active
     #    transaction; every other open transaction keeps its row (see the docstring).
-    known = frozenset(progress) - {MARKERS_STREAM}
+    known = clocks.known
     n_open = open_rows.num_rows
     if held.waits is not None and held.known == known:
         arrived = pc.unique(pa.concat_arrays([ev_tx.filter(ev_open), mk_tx.filter(mk_open)]))
@@ -279,7 +381,7 @@ def step(
     match = _table_matcher(known)
     merged, norm_expected = _merge(touched_rows, ids, active_items, active_mk, match, batch_id)
 
-    # 4. Decide: complete, expired, or still open. Only merged rows can complete; any open row can expire.
+    # 3. Decide: complete, expired, or still open. Only merged rows can complete; any open row can expire.
     table_streams = [s for s in progress if s != MARKERS_STREAM]
     complete = _is_complete(merged, norm_expected)
     complete_np = complete.to_numpy(zero_copy_only=False).astype(bool) if merged.num_rows else np.zeros(0, dtype=bool)
@@ -328,7 +430,7 @@ def step(
         expired_by=PROCESSING_TIME if idle_us else EVENT_TIME, batch_id=batch_id, now=now,
     )
 
-    # 5. Finished records: remembered until every stream they touch has moved `retention` past them.
+    # 4. Finished records: remembered until every stream they touch has moved `retention` past them.
     new_finished = pa.concat_tables([
         _finished_rows(completed_rows, norm_expected.filter(complete), COMPLETED, batch_id),
         _finished_rows(expired_rows, expired_norm, EXPIRED, batch_id),
@@ -336,31 +438,18 @@ def step(
     all_finished = pa.concat_tables([finished, new_finished])
     kept_finished = _retain(all_finished, progress, settings.retention_us)
 
-    # 6. The consistency watermark per source.
-    new_sources, watermark = _watermark(
-        sources, plain, new_finished, kept_finished, still_open, stream_source, batch_id, now
-    )
+    return Settled(still_open=still_open, still_waits=still_waits, kept_finished=kept_finished, new_finished=new_finished,
+                   completed=completed_out, incomplete=incomplete_out, late=late, merged=merged.num_rows)
 
-    new_state = pa.concat_tables([
-        still_open,
-        kept_finished,
-        _stream_rows(progress, stream_source, batch_id),
-        _source_rows(new_sources, batch_id),
-    ])
-    figures = {
-        "completed": float(completed_out.num_rows),
-        "expired": float(incomplete_out.num_rows),
-        "late": float(late.num_rows),
-        "open": float(still_open.num_rows),
-        "finished_kept": float(kept_finished.num_rows),
-        "state_rows": float(new_state.num_rows),
-        "merged": float(merged.num_rows),
-    }
-    after = Held(
-        open_rows=still_open, finished=kept_finished, progress=progress, stream_source=stream_source,
-        sources=new_sources, waits=still_waits, known=known,
-    )
-    return Step(state=new_state, completed=completed_out, incomplete=incomplete_out, late=late, watermark=watermark, figures=figures), after
+
+def mark_expired(state: pa.Table, transaction_ids: Sequence[str]) -> pa.Table:
+    """Turn open rows into `expired` finished records (recovery after an interrupted idle expiry)."""
+    state = _conform(state, OPEN_TRANSACTIONS_SCHEMA)
+    hit = pc.and_(pc.equal(state.column("entry"), OPEN), pc.is_in(state.column("transaction_id"), value_set=pa.array(list(transaction_ids), pa.string())))
+    rows = state.filter(hit)
+    if rows.num_rows == 0:
+        return state
+    return pa.concat_tables([state.filter(pc.invert(hit)), _finished_rows(rows, rows.column("expected_per_table"), EXPIRED, None)])
 
 
 def _with_batch(rows: pa.Table, batch_id: int | None) -> pa.Table:

@@ -28,11 +28,9 @@ import pyarrow.compute as pc
 from cdc_platform import lake, lake_spark
 from cdc_platform.config import PlatformConfig
 from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
-from cdc_platform.transactions.aggregation import Held, hold, step
+from cdc_platform.transactions.aggregation import Held, hold, mark_expired, step
 from cdc_platform.transactions.arrow_ops import _arr, _conform
-from cdc_platform.transactions.outcomes import _finished_rows
 from cdc_platform.transactions.schemas import (
-    EXPIRED,
     INCOMPLETE,
     LATE,
     OPEN,
@@ -69,16 +67,6 @@ def _write(spark: Any, path: Path, data: pa.Table, schema: pa.Schema, applicatio
     out = lake_spark.writer(lake_spark.from_arrow(spark, data, schema), mode, application, version, metadata=metadata)
     lake_spark.with_retries(lambda: out.save(lake_spark.location(path)), what=f"{mode} {path.name}")
     return True
-
-
-def mark_expired(state: pa.Table, transaction_ids: Sequence[str]) -> pa.Table:
-    """Turn open rows into `expired` finished records (recovery after an interrupted idle expiry)."""
-    state = _conform(state, OPEN_TRANSACTIONS_SCHEMA)
-    hit = pc.and_(pc.equal(state.column("entry"), OPEN), pc.is_in(state.column("transaction_id"), value_set=pa.array(list(transaction_ids), pa.string())))
-    rows = state.filter(hit)
-    if rows.num_rows == 0:
-        return state
-    return pa.concat_tables([state.filter(pc.invert(hit)), _finished_rows(rows, rows.column("expected_per_table"), EXPIRED, None)])
 
 
 #: What `TransactionStage.prepare` returns for a batch whose state is already committed.

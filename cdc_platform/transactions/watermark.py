@@ -36,6 +36,167 @@ def _read_sources(rows: pa.Table) -> dict[str, _SourceMark]:
     return out
 
 
+#: Where a watermark may be: settled positions, per source, with their event time (microseconds).
+#: `fresh`: settled in this step (it raises the settled maximum); the others are remembered records.
+CANDIDATES = pa.schema([("source", pa.string()), ("position", pa.string()), ("ts", pa.int64()), ("fresh", pa.bool_())])
+
+Mark = tuple[str, "int | None"]  # (position, event time)
+
+
+def _better(a: Mark | None, b: Mark | None) -> Mark | None:
+    """The higher of two marks; equal positions by the later time (none lowest), so no order decides."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if (a[0], a[1] is not None, a[1] or 0) >= (b[0], b[1] is not None, b[1] or 0) else b
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """What holds each source's watermark back, from the open transactions.
+
+    Small (a few entries per source) and combinable over any split of the transactions, so the
+    executors compute it per bucket and the driver takes the minimum of each entry (`combine`).
+    """
+
+    lowest: dict[str, tuple[str, str]]  # source -> (lowest first position of an open transaction, its id)
+    open_count: dict[str, int]  # source -> open transactions with events
+    ghosts: dict[str, tuple[int, str]]  # source ('*': every source) -> (earliest BEGIN/END time of a markers-only one, its id)
+
+    def cap(self, source: str) -> tuple[int, str] | None:
+        """The earliest time at or after which nothing of `source` counts, and the transaction that sets it."""
+        found = [g for g in (self.ghosts.get(EVERY_SOURCE), self.ghosts.get(source)) if g is not None]
+        return min(found) if found else None
+
+    @staticmethod
+    def combine(parts: list[Blocks]) -> Blocks:
+        lowest: dict[str, tuple[str, str]] = {}
+        counts: dict[str, int] = {}
+        ghosts: dict[str, tuple[int, str]] = {}
+        for part in parts:
+            for src, low in part.lowest.items():
+                lowest[src] = min(lowest.get(src, low), low)
+            for src, n in part.open_count.items():
+                counts[src] = counts.get(src, 0) + n
+            for src, g in part.ghosts.items():
+                ghosts[src] = min(ghosts.get(src, g), g)
+        return Blocks(lowest, counts, ghosts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lowest": self.lowest, "open_count": self.open_count, "ghosts": self.ghosts}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Blocks:
+        return Blocks({k: (v[0], v[1]) for k, v in data["lowest"].items()}, dict(data["open_count"]),
+                      {k: (int(v[0]), v[1]) for k, v in data["ghosts"].items()})
+
+
+#: The `Blocks.ghosts` key of a markers-only transaction whose END names no known stream: it holds every source.
+EVERY_SOURCE = "*"
+
+
+def blocks(still_open: pa.Table, stream_source: dict[str, str]) -> Blocks:
+    """An open transaction blocks its source from its lowest position seen; one whose events have not
+    arrived at all (markers only) has no position, so it blocks by time the sources its END names
+    (every source when it names none we know): nothing at or after its BEGIN/END time counts."""
+    lowest: dict[str, tuple[str, str]] = {}
+    open_count: dict[str, int] = {}
+    ghosts: dict[str, tuple[int, str]] = {}
+    match = _table_matcher(stream_source)
+    for tx, src, first, seen, begin, end, exp in zip(
+        still_open.column("transaction_id").to_pylist(), still_open.column("source").to_pylist(),
+        still_open.column("first_position").to_pylist(), still_open.column("seen_count").to_pylist(),
+        _us(still_open.column("begin_ts")).to_pylist(), _us(still_open.column("end_ts")).to_pylist(),
+        still_open.column("expected_per_table").to_pylist(),
+    ):
+        if seen:
+            key = src or ""
+            open_count[key] = open_count.get(key, 0) + 1
+            if first is not None:
+                lowest[key] = min(lowest.get(key, (first, tx)), (first, tx))
+            continue
+        when = min((t for t in (begin, end) if t is not None), default=None)
+        if when is None:
+            continue
+        affected = {stream_source[m] for t, _ in (exp or []) if (m := match(t)) in stream_source} or {EVERY_SOURCE}
+        for key in affected:
+            ghosts[key] = min(ghosts.get(key, (when, tx)), (when, tx))
+    return Blocks(lowest, open_count, ghosts)
+
+
+def candidates(plain: pa.Table, new_finished: pa.Table, kept_finished: pa.Table) -> pa.Table:
+    """`CANDIDATES`: this batch's events outside transactions and the commit positions (last event) of
+    the transactions that finished in it (fresh), and the finished records still held."""
+
+    def finished(rows: pa.Table, fresh: bool) -> pa.Table:
+        return pa.table({
+            "source": pc.fill_null(rows.column("source"), ""),
+            "position": rows.column("last_position"),
+            "ts": pc.coalesce(_us(rows.column("end_ts")), _us(rows.column("last_event_ts"))),
+            "fresh": pa.array([fresh] * rows.num_rows, pa.bool_()),
+        }, schema=CANDIDATES)
+
+    plain = pa.table({"source": plain.column("source"), "position": plain.column("position"), "ts": plain.column("ts"),
+                      "fresh": pa.array([True] * plain.num_rows, pa.bool_())}, schema=CANDIDATES)
+    out = pa.concat_tables([plain, finished(new_finished, True), finished(kept_finished, False)])
+    return out.filter(pc.is_valid(out.column("position")))
+
+
+#: Per source: the highest fresh mark (None: nothing fresh), and the highest mark below its blocks.
+Tops = dict[str, tuple["Mark | None", "Mark | None"]]
+
+
+def reduce_candidates(cands: pa.Table, held_back: Blocks) -> Tops:
+    """`Tops` of the candidates (in Arrow; `transactions.buckets` has the same in Spark)."""
+    out: Tops = {}
+    for src, p, t, fresh in zip(*(cands.column(c).to_pylist() for c in CANDIDATES.names)):
+        top, best = out.get(src, (None, None))
+        if fresh:
+            top = _better(top, (p, t))
+        if _allowed(p, t, held_back.lowest.get(src), held_back.cap(src)):
+            best = _better(best, (p, t))
+        out[src] = (top, best)
+    return out
+
+
+def _allowed(position: str, ts: int | None, bound: tuple[str, str] | None, cap: tuple[int, str] | None) -> bool:
+    if bound is not None and position >= bound[0]:
+        return False
+    return cap is None or (ts is not None and ts < cap[0])
+
+
+def finish_watermark(
+    sources: dict[str, _SourceMark], held_back: Blocks, tops: Tops, batch_id: int | None, now: dt.datetime
+) -> tuple[dict[str, _SourceMark], pa.Table]:
+    """Per source: the settled maximum, then the highest settled position below every block."""
+    new_sources: dict[str, _SourceMark] = {}
+    rows: list[dict[str, Any]] = []
+    for src in sorted(set(sources) | set(tops) | set(held_back.lowest)):
+        old = sources.get(src, _SourceMark())
+        top, best = tops.get(src, (None, None))
+        settled, settled_ts = old.settled, old.settled_ts
+        if top is not None and (settled is None or top[0] > settled):
+            settled, settled_ts = top
+        bound, cap = held_back.lowest.get(src), held_back.cap(src)
+        for p, t in ((old.watermark, old.watermark_ts), (settled, settled_ts)):
+            if p is not None and _allowed(p, t, bound, cap):
+                best = _better(best, (p, t))
+        blocker = bound[1] if bound is not None else (cap[1] if cap is not None else None)
+        wm, wm_ts = best if best is not None else (None, None)
+        new_sources[src] = _SourceMark(wm, wm_ts, settled, settled_ts)
+        rows.append({
+            "source": src,
+            "position": wm,
+            "position_ts": None if wm_ts is None else dt.datetime.fromtimestamp(wm_ts / 1e6, dt.timezone.utc),
+            "open_transactions": held_back.open_count.get(src, 0),
+            "blocking_transaction_id": blocker,
+            "batch_id": batch_id,
+            "updated_at": now,
+        })
+    return new_sources, pa.Table.from_pylist(rows, schema=WATERMARK_SCHEMA)
+
+
 def _watermark(
     sources: dict[str, _SourceMark],
     plain: pa.Table,
@@ -54,90 +215,13 @@ def _watermark(
     at or after its BEGIN/END time counts. Candidates are what this step can see (this batch, finished
     records still held, the previous watermark), so while blocked the watermark may lag the truth,
     never pass it; once nothing blocks it is the highest settled position seen.
+
+    In three parts so that the executors can compute the first two over buckets of transactions:
+    what blocks (`blocks`), the candidates' tops under those blocks (`reduce_candidates`), and the
+    marks per source (`finish_watermark`).
     """
-    schema = pa.schema([("source", pa.string()), ("position", pa.string()), ("ts", pa.int64())])
-
-    def candidates(rows: pa.Table) -> pa.Table:
-        return pa.table({
-            "source": pc.fill_null(rows.column("source"), ""),
-            "position": rows.column("last_position"),
-            "ts": pc.coalesce(_us(rows.column("end_ts")), _us(rows.column("last_event_ts"))),
-        }, schema=schema)
-
-    plain = pa.table({"source": plain.column("source"), "position": plain.column("position"), "ts": plain.column("ts")}, schema=schema)
-    # `fresh`: settled in this step (raises the settled maximum); `cands`: also what is remembered.
-    fresh = pa.concat_tables([plain, candidates(new_finished)])
-    fresh = fresh.filter(pc.is_valid(fresh.column("position")))
-    cands = pa.concat_tables([fresh, candidates(kept_finished)])
-    cands = cands.filter(pc.is_valid(cands.column("position")))
-
-    # Blocks from open transactions.
-    lowest: dict[str, tuple[str, str]] = {}
-    open_count: dict[str, int] = {}
-    ghost_limits: list[tuple[int, str, set[str] | None]] = []
-    o_ids = still_open.column("transaction_id").to_pylist()
-    o_src = still_open.column("source").to_pylist()
-    o_first = still_open.column("first_position").to_pylist()
-    o_seen = still_open.column("seen_count").to_pylist()
-    o_begin = _us(still_open.column("begin_ts")).to_pylist()
-    o_end = _us(still_open.column("end_ts")).to_pylist()
-    o_exp = still_open.column("expected_per_table").to_pylist()
-    match = _table_matcher(stream_source)
-    for tx, src, first, seen, begin, end, exp in zip(o_ids, o_src, o_first, o_seen, o_begin, o_end, o_exp):
-        if seen:
-            key = src or ""
-            open_count[key] = open_count.get(key, 0) + 1
-            if first is not None and (key not in lowest or first < lowest[key][0]):
-                lowest[key] = (first, tx)
-            continue
-        when = min((t for t in (begin, end) if t is not None), default=None)
-        if when is None:
-            continue
-        affected = {stream_source[m] for t, _ in (exp or []) if (m := match(t)) in stream_source} or None
-        ghost_limits.append((when, tx, affected))
-
-    all_sources = set(sources) | set(pc.unique(cands.column("source")).to_pylist()) | set(lowest)
-    new_sources: dict[str, _SourceMark] = {}
-    rows: list[dict[str, Any]] = []
-    for src in sorted(all_sources):
-        old = sources.get(src, _SourceMark())
-        # settled maximum
-        settled, settled_ts = old.settled, old.settled_ts
-        f = fresh.filter(pc.equal(fresh.column("source"), src)) if fresh.num_rows else fresh
-        if f.num_rows:
-            i = pc.index(f.column("position"), pc.max(f.column("position"))).as_py()
-            top, top_ts = f.column("position")[i].as_py(), f.column("ts")[i].as_py()
-            if settled is None or top > settled:
-                settled, settled_ts = top, top_ts
-        c = cands.filter(pc.equal(cands.column("source"), src)) if cands.num_rows else cands
-        extra = [(p, t) for p, t in ((old.watermark, old.watermark_ts), (settled, settled_ts)) if p is not None]
-        positions = c.column("position").to_pylist() + [p for p, _ in extra]
-        times = c.column("ts").to_pylist() + [t for _, t in extra]
-        bound = lowest.get(src)
-        time_cap = min((w for w, _, aff in ghost_limits if aff is None or src in aff), default=None)
-        best: tuple[str, int | None] | None = None
-        for p, t in zip(positions, times):
-            if bound is not None and p >= bound[0]:
-                continue
-            if time_cap is not None and (t is None or t >= time_cap):
-                continue
-            if best is None or p > best[0]:
-                best = (p, t)
-        blocker = bound[1] if bound is not None else None
-        if blocker is None and time_cap is not None:
-            blocker = next(tx for w, tx, aff in ghost_limits if w == time_cap and (aff is None or src in aff))
-        wm, wm_ts = best if best is not None else (None, None)
-        new_sources[src] = _SourceMark(wm, wm_ts, settled, settled_ts)
-        rows.append({
-            "source": src,
-            "position": wm,
-            "position_ts": None if wm_ts is None else dt.datetime.fromtimestamp(wm_ts / 1e6, dt.timezone.utc),
-            "open_transactions": open_count.get(src, 0),
-            "blocking_transaction_id": blocker,
-            "batch_id": batch_id,
-            "updated_at": now,
-        })
-    return new_sources, pa.Table.from_pylist(rows, schema=WATERMARK_SCHEMA)
+    held_back = blocks(still_open, stream_source)
+    return finish_watermark(sources, held_back, reduce_candidates(candidates(plain, new_finished, kept_finished), held_back), batch_id, now)
 
 
 def _source_rows(marks: dict[str, _SourceMark], batch_id: int | None) -> pa.Table:

@@ -1,0 +1,62 @@
+"""Rows of Arrow tables carried through Spark as binary parts: how executor stages hand their results on.
+
+Why: a stage's group function (`applyInArrow`) must return one fixed Spark schema, but its results are
+several tables of their own shapes (a source table's rows, dead letters, transactions, ...). Each is
+encoded as Arrow IPC streams of bounded size (`chunks`) into a `payload` column, stays on the
+executors, and is decoded there again (`decoder`, in `mapInArrow`) straight into the Delta write.
+Used by `latest_state.staging` and `transactions.buckets`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+#: Rows per encoded chunk: bounds one payload (a Spark row) whatever the batch size.
+CHUNK_ROWS = 20_000
+
+
+def encode(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_one(payload: bytes) -> pa.Table:
+    return pa.ipc.open_stream(payload).read_all()
+
+
+def chunks(rows: pa.Table | None, size: int = CHUNK_ROWS) -> list[bytes]:
+    """`rows` as encoded payloads of at most `size` rows each (none for no rows)."""
+    if rows is None or rows.num_rows == 0:
+        return []
+    return [encode(rows.slice(start, size)) for start in range(0, rows.num_rows, size)]
+
+
+def decoder(schema: pa.Schema, constants: Mapping[str, Any] | None = None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` function that turns payloads back into rows of `schema` (on the executors).
+
+    `constants` overrides columns for every row (a value the driver learns only at write time).
+    """
+    fixed = dict(constants or {})
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for payload in batch.column(batch.schema.get_field_index("payload")).to_pylist():
+                if payload is None:
+                    continue
+                rows = decode_one(payload)
+                arrays = []
+                for f in schema:
+                    if f.name in fixed:
+                        arrays.append(pa.array([fixed[f.name]] * rows.num_rows, f.type))
+                    elif f.name in rows.column_names:
+                        arrays.append(rows.column(f.name).cast(f.type, safe=False))
+                    else:
+                        arrays.append(pa.nulls(rows.num_rows, f.type))
+                yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
+
+    return run
