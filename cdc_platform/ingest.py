@@ -7,12 +7,12 @@ driver sees one small aggregate per batch. Inside a batch the data flows one way
 markers first, then every later stage (latest state, transactions) from the same parsed batch, then
 dead letters and one `pipeline_metrics` row.
 
-Stages come in two kinds (`stage.py`). A Spark stage (latest state) takes the batch as DataFrames and
-does its per-event work on the executors; the transaction stage still folds in the driver on Arrow (its
-step moving onto the executors is what issue 10 has left), so for it alone the batch is collected, once
-(`parse_spark.driver_batch`, only the columns it reads), in a thread beside the Spark stages; it commits
-with delta-spark like every stage. The raw log, markers, dead letters, metrics and latest state never
-pass through the driver.
+Stages come in two kinds (`stage.py`). A Spark stage (latest state, transactions) takes the batch as
+DataFrames and does its per-event work on the executors; the stages run side by side, each in its own
+thread, so one's commits overlap the other's jobs. A driver-side stage (the `Stage` protocol: tools,
+tests, the transaction stage's single-process reference `TransactionStage`) gets the batch collected,
+once (`parse_spark.driver_batch`, only the columns it reads). The raw log, markers, dead letters,
+metrics, latest state and transactions never pass through the driver.
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
 ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit
@@ -28,7 +28,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,9 +78,9 @@ def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     """The stages after the raw log, in data-flow order."""
     # Imported here, not at the top: a tool that only reads or writes the raw log need not load the stages.
     from cdc_platform.latest_state import LatestStateStage
-    from cdc_platform.transactions import TransactionStage
+    from cdc_platform.transactions import SparkTransactionStage
 
-    return [LatestStateStage(), TransactionStage()]
+    return [LatestStateStage(), SparkTransactionStage()]
 
 
 def _now() -> dt.datetime:
@@ -299,7 +298,8 @@ class IngestJob:
         distinct = figures_.distinct_events + figures_.distinct_markers
         duplicates = figures_.in_batch_duplicates + (0 if replayed else distinct - landed[RAW] - landed[MARKERS])
 
-        spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started)
+        spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started,
+                                 event_count=figures_.distinct_events, marker_count=figures_.distinct_markers)
         isolated = 0
 
         def write_isolated(rows: pa.Table, stage_name: str) -> None:
@@ -330,23 +330,18 @@ class IngestJob:
             # driver-side (Arrow) stages run beside the Spark ones: their Python folding and commits overlap
             # the Spark stages' jobs instead of queueing behind them.
             arrow_stages = [s for s in self.stages if not callable(getattr(s, "run", None))]
-            arrow_error: BaseException | None = None
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-arrow-stages") as pool:
-                arrow_done = pool.submit(run_arrow_stages, arrow_stages) if arrow_stages else None
-                try:
-                    for stage in self.stages:
-                        if stage not in arrow_stages:
-                            t = time.perf_counter()
-                            results[stage.name] = run_spark_stage(stage, spark_batch, ctx)
-                            seconds[stage.name] = time.perf_counter() - t
-                finally:  # a failing Spark stage still waits for the Arrow ones, which may be committing
-                    if arrow_done is not None:
-                        try:
-                            results |= arrow_done.result()
-                        except BaseException as exc:  # noqa: BLE001 - raised below, after the pool has closed
-                            arrow_error = exc
-            if arrow_error is not None:
-                raise arrow_error
+
+            def run_spark(stage: SparkStage) -> None:
+                t = time.perf_counter()
+                results[stage.name] = run_spark_stage(stage, spark_batch, ctx)  # as it returns: released even if another fails
+                seconds[stage.name] = time.perf_counter() - t
+
+            actions: list[Callable[[], None]] = [
+                lambda stage=stage: run_spark(stage) for stage in self.stages if stage not in arrow_stages]  # type: ignore[misc]
+            if arrow_stages:
+                actions.append(lambda: results.update(run_arrow_stages(arrow_stages)))
+            # Every stage runs to its end even when another fails (it may be committing); the first failure is raised.
+            lake_spark.side_by_side(actions, name="cdc-stages")
             for stage in self.stages:
                 result = results[stage.name]
                 for k, v in result.rows_landed.items():

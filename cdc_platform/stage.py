@@ -84,6 +84,8 @@ class SparkBatch:
     markers: Any  # DataFrame: TRANSACTION_MARKERS plus `_seq`, one row per marker id
     table_ids: frozenset[str]  # the source tables with change events in the batch (from its one aggregate)
     ingested_at: dt.datetime
+    event_count: int | None = None  # distinct change events and markers (from the same aggregate); None: not counted
+    marker_count: int | None = None
 
 
 @dataclass

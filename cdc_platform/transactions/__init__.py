@@ -16,10 +16,15 @@ Why a vectorised group-by per micro-batch merged into a Delta state table, and n
 operators: measured on 1M events / 100k transactions on two cores, `transformWithStateInPandas` took
 230-280 s, `applyInPandasWithState` 138-180 s and `transformWithState` 58 s, all need RocksDB, and
 in processing-time mode they never let an available-now run finish (SPARK-50180). A pyarrow group-by
-over the batch, merged with a small state table, took 15.7 s and stops cleanly; `benchmarks/
-transactions.py` measures this implementation. The state stays small because it holds only open
-transactions (with their events, so completion needs no read of the raw log), short "finished"
-records that recognise late arrivals, and one row per input stream and per source.
+over the batch, merged with a small state table, took 15.7 s and stops cleanly. The state stays small
+because it holds only open transactions (with their events, so completion needs no read of the raw
+log), short "finished" records that recognise late arrivals, and one row per input stream and per source.
+
+Where it runs: on the executors (`SparkTransactionStage`). Given the stream clocks, each transaction
+settles from its own state row and arrivals, so the state rows and the batch's arrivals are cogrouped
+by `hash(transaction_id)` and every bucket runs the same pure step (`buckets`); the watermark is put
+together from the buckets' small parts. `TransactionStage` runs the same step on the driver, on the
+batch collected as Arrow: the single-process reference the Spark stage is tested against.
 
 Event time is tracked per input stream (each table's transactional events, and the markers), like
 Flink's per-partition watermarks, because one global "max timestamp seen" is wrong on real input:
@@ -41,8 +46,8 @@ process that finds such a row for a transaction its state still holds open treat
 
 The package, imports flowing one way: `schemas` (the tables and the words in them) and `arrow_ops`
 (Arrow helpers) under everything; `judge` (merge and judge open transactions), `outcomes` (the rows
-written) and `watermark` under `aggregation` (the pure step); `stage` (the pipeline stage, all I/O)
-on top. The names other modules use are re-exported here.
+written) and `watermark` under `aggregation` (the pure step); `buckets` (the step split by
+transaction, pure); `spark_stage` and `stage` (the two stages, all I/O) on top. The names other modules use are re-exported here.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from cdc_platform.transactions.schemas import (
     Settings,
     Step,
 )
+from cdc_platform.transactions.spark_stage import SparkTransactionStage
 from cdc_platform.transactions.stage import TransactionStage
 
 __all__ = [
@@ -87,6 +93,7 @@ __all__ = [
     "WATERMARK",
     "Held",
     "Settings",
+    "SparkTransactionStage",
     "Step",
     "TransactionStage",
     "aggregate",

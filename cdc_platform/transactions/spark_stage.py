@@ -1,0 +1,392 @@
+"""The transaction stage on Spark: each micro-batch's aggregation runs on the executors, bucket by bucket.
+
+Per batch (`SparkTransactionStage.run`):
+
+1. One small aggregate of the batch gives every stream's newest event time (`batch_clock`'s rows); the
+   driver moves the clocks (`advance`), which every transaction is judged against.
+2. The committed state's transaction rows and the batch's transactional events and markers are
+   cogrouped by `hash(transaction_id)` into buckets; each group runs `buckets.bucket_parts` (the same
+   `settle` the driver step runs) and returns its rows as encoded parts, kept on the executors.
+3. The driver collects only the groups' summaries (what blocks the watermark, figures, poison ids),
+   reduces the watermark candidates under the combined blocks with one Spark aggregate, and builds
+   the few global rows (streams, sources, the watermark).
+4. The outputs are written from the executors (decoded in `mapInArrow`), side by side, each guarded
+   by Delta's `txnAppId`/`txnVersion`; the state last, as a whole overwrite. A crash in between
+   replays the batch against the old state, which decides the same again.
+
+What stays on the driver: the stream clocks and per-source marks (a few rows, cached between batches
+and stamped with the state table's version like `TransactionStage`'s held state), and the
+version and application-transaction reads of small tables through delta-rs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_platform import arrow_parts, lake, lake_spark, schemas
+from cdc_platform.config import PlatformConfig
+from cdc_platform.stage import DEAD_LETTER, STAGE_ERROR, BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows, poison_reason
+from cdc_platform.transactions import buckets as B
+from cdc_platform.transactions.aggregation import CLOCK, _read_streams, advance
+from cdc_platform.transactions.schemas import (
+    COMPLETED,
+    EXPIRED,
+    INCOMPLETE,
+    LATE,
+    MARKERS_STREAM,
+    OPEN,
+    OPEN_TRANSACTIONS,
+    OPEN_TRANSACTIONS_SCHEMA,
+    PROCESSING_TIME,
+    SOURCE,
+    STREAM,
+    TABLE_SCHEMAS,
+    TRANSACTIONS,
+    WATERMARK,
+    Settings,
+)
+from cdc_platform.transactions.watermark import CANDIDATES, EVERY_SOURCE, Blocks, _read_sources, _SourceMark
+
+#: Overwritten tables (state, watermark) get a new file per batch; vacuum them every this many commits.
+MAINTENANCE_EVERY = 100
+MAINTENANCE_RETENTION_HOURS = 1
+#: Prefix of the state commit's `userMetadata`, whose random rest tells the stage the commit is its own.
+STATE_TOKEN = "cdc_state_commit="
+#: A quiet stream asks for idle expiry every poll; between two evaluations (each a Spark job) at least this long.
+IDLE_EVERY_SECONDS = 5.0
+#: The state columns of its stream and source rows (what the driver reads of the state table).
+GLOBAL_COLUMNS = ("entry", "stream", "source", "event_time", "watermark_position", "watermark_ts", "settled_position", "settled_ts")
+#: The bucket column of the cogroup.
+BUCKET = "_bucket"
+
+
+@dataclass(frozen=True)
+class Globals:
+    """The few state rows that are not per transaction, as the driver keeps them between batches."""
+
+    progress: dict[str, int]
+    stream_source: dict[str, str]
+    sources: dict[str, _SourceMark]
+    open_count: int
+
+
+class SparkTransactionStage:
+    """The transaction stage as Spark work (see the module doc); a `SparkStage`, with `on_idle` for `cdc stream`."""
+
+    name = "transactions"
+
+    def __init__(self, buckets: int | None = None, *, probe: Any = None) -> None:
+        """`buckets`: how many groups the transactions are hashed into (default: Spark's shuffle partitions).
+        `probe`: a test hook run on each group's events and markers before they settle (`FoldContext.probe`)."""
+        self._probe = probe
+        self._lock = threading.RLock()  # a batch and an idle tick never interleave
+        self._cache: tuple[Path, int, Globals] | None = None
+        self._recovered: set[Path] = set()
+        self._buckets = buckets
+        self._idle_checked = 0.0
+
+    def setup(self, config: PlatformConfig) -> None:
+        spark = lake_spark.session()
+        lake_spark.ensure_tables(spark, [(lake.table_path(config.lake, name), lake_spark.spark_schema(schema), ())
+                                         for name, schema in TABLE_SCHEMAS.items()])
+
+    def _path(self, config: PlatformConfig, name: str) -> Path:
+        return lake.table_path(config.lake, name)
+
+    # --- the committed state's global rows ---------------------------------------------------------------
+
+    def _globals(self, path: Path, table: Any) -> Globals:
+        version = table.version()
+        cached = self._cache
+        if cached is not None and cached[0] == path and cached[1] == version:
+            return cached[2]
+        rows = lake.scan(table, list(GLOBAL_COLUMNS), pc.field("entry").isin([STREAM, SOURCE, OPEN]))
+        rows = rows if rows.num_rows else OPEN_TRANSACTIONS_SCHEMA.empty_table()
+        entry = rows.column("entry")
+        progress, stream_source = _read_streams(rows.filter(pc.equal(entry, STREAM)))
+        found = Globals(progress, stream_source, _read_sources(rows.filter(pc.equal(entry, SOURCE))),
+                        int(pc.sum(pc.equal(entry, OPEN)).as_py() or 0))
+        self._cache = (path, version, found)
+        return found
+
+    def _orphans(self, spark: Any, config: PlatformConfig, state: Any) -> frozenset[str]:
+        """Open transactions an idle expiry wrote as expired but died before committing the state (once per process)."""
+        from pyspark.sql import functions as F
+
+        path = self._path(config, OPEN_TRANSACTIONS)
+        if path in self._recovered:
+            return frozenset()
+        done = lake_spark.read(spark, self._path(config, INCOMPLETE)).where(F.col("expired_by") == PROCESSING_TIME).select("transaction_id")
+        ids = state.where(F.col("entry") == OPEN).select("transaction_id").join(done.distinct(), "transaction_id", "left_semi")
+        found = frozenset(r[0] for r in ids.collect())
+        self._recovered.add(path)
+        return found
+
+    # --- one batch ----------------------------------------------------------------------------------------
+
+    def run(self, batch: SparkBatch, ctx: BatchContext) -> StageResult:
+        with self._lock:
+            return self._run(batch, ctx)
+
+    def _run(self, batch: SparkBatch | None, ctx: BatchContext, idle_us: int = 0) -> StageResult:
+        config = ctx.config
+        spark = lake_spark.session()
+        state_path = self._path(config, OPEN_TRANSACTIONS)
+        table = lake.open_table(state_path)
+        guarded = batch is not None
+        if guarded and lake.already_committed(table, ctx.app_id(OPEN_TRANSACTIONS), ctx.batch_id):
+            return StageResult(figures={"replayed_batches": 1.0})  # the state is committed last: all done
+        if batch is not None and batch.event_count == 0 and batch.marker_count == 0:
+            return StageResult()  # nothing arrived (a heartbeat-only batch): nothing moves
+        held = self._globals(state_path, table)
+        seconds: dict[str, float] = {}
+        t = time.perf_counter()
+        events, markers = _inputs(spark, batch)
+        clock = _clock(events, markers)
+        if guarded and clock.num_rows == 0 and held.open_count == 0:
+            return StageResult()
+        clocks = advance(held.progress, held.stream_source, clock)
+        seconds["clock"] = time.perf_counter() - t
+
+        state_version = table.version()
+        state = lake_spark.read(spark, state_path, state_version)
+        now = batch.ingested_at if batch is not None else dt.datetime.now(dt.timezone.utc)
+        fold = B.FoldContext(clocks=clocks, settings=Settings.from_config(config), batch_id=ctx.batch_id if guarded else None,
+                             now=now, idle_us=idle_us, orphans=self._orphans(spark, config, state), stage=self.name,
+                             probe=self._probe)
+        t = time.perf_counter()
+        parts = _parts(spark, fold, state, events, markers, self._buckets).persist()
+        try:
+            summaries = parts.where(parts["part"].isin(B.SUMMARY, B.POISON, B.FAILURE)).select("bucket", "part", "info").collect()
+            seconds["fold"] = time.perf_counter() - t
+            failures = [json.loads(r["info"])["message"] for r in summaries if r["part"] == B.FAILURE]
+            if failures:
+                raise StageFailure(failures[0])
+            summary = [json.loads(r["info"]) for r in summaries if r["part"] == B.SUMMARY]
+            poison = [json.loads(r["info"]) for r in summaries if r["part"] == B.POISON]
+            held_back = Blocks.combine([Blocks.from_json(s["blocks"]) for s in summary])
+            figures: dict[str, float] = {}
+            for s in summary:
+                for k, v in s["figures"].items():
+                    figures[k] = figures.get(k, 0.0) + v
+            if not guarded and not figures.get("expired"):
+                return StageResult()  # an idle tick that expired nothing commits nothing
+            t = time.perf_counter()
+            tops = _tops(spark, parts, events, held_back)
+            new_sources, watermark, global_rows = B.finish(held.sources, clocks, held_back, tops, fold.batch_id, now)
+            seconds["watermark"] = time.perf_counter() - t
+            figures["state_rows"] = float(sum(s["state_rows"] for s in summary) + global_rows.num_rows)
+            for k in ("completed", "expired", "late", "open", "finished_kept", "merged"):
+                figures.setdefault(k, 0.0)
+            landed: dict[str, int] = {}
+            if poison:
+                figures["isolated_events"] = float(len(poison))
+                dead = _poison_letters(batch, poison, self.name, ctx.batch_id)
+                if lake_spark.append_once(lake_spark.from_arrow(spark, dead, schemas.DEAD_LETTER), self._path(config, DEAD_LETTER),
+                                          ctx.app_id(f"{DEAD_LETTER}.{self.name}"), ctx.batch_id):
+                    landed[DEAD_LETTER] = dead.num_rows
+            t = time.perf_counter()
+            landed |= self._commit(spark, config, ctx if guarded else None, parts, figures, watermark, global_rows,
+                                   Globals(clocks.after, clocks.stream_source, new_sources, int(figures["open"])))
+            seconds["commit"] = time.perf_counter() - t
+        finally:
+            parts.unpersist()
+        figures |= {f"seconds.{k}": v for k, v in seconds.items()}
+        return StageResult(rows_landed=landed, figures=figures)
+
+    def _commit(self, spark: Any, config: PlatformConfig, ctx: BatchContext | None, parts: Any, figures: dict[str, float],
+                watermark: pa.Table, global_rows: pa.Table, after: Globals) -> dict[str, int]:
+        """Outputs first (side by side), state last, so a crash in between replays against the old state."""
+        version = None if ctx is None else ctx.batch_id
+        metadata = None if ctx is not None else "trigger=idle"
+        counts = {TRANSACTIONS: int(figures["completed"]), INCOMPLETE: int(figures["expired"]), LATE: int(figures["late"])}
+        part_of = {TRANSACTIONS: B.COMPLETED_PART, INCOMPLETE: B.INCOMPLETE_PART, LATE: B.LATE_PART}
+
+        def output(name: str) -> bool:
+            if name == WATERMARK:
+                data = lake_spark.from_arrow(spark, watermark, TABLE_SCHEMAS[WATERMARK])
+                return _write(data, self._path(config, name), None if ctx is None else ctx.app_id(name), version, "overwrite", metadata)
+            if counts[name] == 0:
+                return False
+            data = _decoded(parts, part_of[name], TABLE_SCHEMAS[name])
+            return _write(data, self._path(config, name), None if ctx is None else ctx.app_id(name), version, "append", metadata)
+
+        names = [TRANSACTIONS, INCOMPLETE, LATE, WATERMARK]
+        wrote = lake_spark.side_by_side([lambda name=name: output(name) for name in names], name="cdc-tx-commit")
+        landed = {name: counts[name] for name, done in zip(names, wrote) if done and name != WATERMARK}
+
+        state_path = self._path(config, OPEN_TRANSACTIONS)
+        token = STATE_TOKEN + uuid.uuid4().hex
+        self._cache = None  # until the commit is known to be ours
+        state = _decoded(parts, B.STATE, OPEN_TRANSACTIONS_SCHEMA).unionByName(lake_spark.from_arrow(spark, global_rows, OPEN_TRANSACTIONS_SCHEMA))
+        _write(state, state_path, None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS), version, "overwrite", token)
+        table = lake.open_table(state_path)
+        history = table.history(1)
+        if history and history[0].get("userMetadata") == token:
+            self._cache = (state_path, table.version(), after)
+        if table.version() % MAINTENANCE_EVERY == 0:
+            self._maintain(spark, config)
+        return landed
+
+    def _maintain(self, spark: Any, config: PlatformConfig) -> None:
+        """The state and watermark tables are rewritten every batch: drop their old files (the rows stay as they are)."""
+        for name in (OPEN_TRANSACTIONS, WATERMARK):
+            lake_spark.vacuum(spark, self._path(config, name), MAINTENANCE_RETENTION_HOURS, enforce_retention=False)
+        cached = self._cache
+        self._cache = None
+        if cached is None:
+            return
+        table = lake.open_table(cached[0])
+        newer = table.version() - cached[1]
+        if newer >= 0 and all(str(c.get("operation", "")).startswith("VACUUM") for c in (table.history(newer) if newer else [])):
+            self._cache = (cached[0], table.version(), cached[2])
+
+    # --- a quiet stream -------------------------------------------------------------------------------------
+
+    def _replay_pending(self, ctx: BatchContext) -> bool:
+        """True when a batch's outputs are ahead of the state: that batch must be replayed first."""
+        config = ctx.config
+        state_version = lake.open_table(self._path(config, OPEN_TRANSACTIONS)).transaction_version(ctx.app_id(OPEN_TRANSACTIONS))
+        for name in (TRANSACTIONS, INCOMPLETE, LATE, WATERMARK):
+            v = lake.open_table(self._path(config, name)).transaction_version(ctx.app_id(name))
+            if v is not None and (state_version is None or v > state_version):
+                return True
+        return False
+
+    def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:
+        """`cdc stream` received nothing for `idle_seconds`: advance event time by that much and expire what is due.
+
+        Each evaluation is a Spark job over the open transactions, so a quiet stream runs one at most
+        every `IDLE_EVERY_SECONDS` (the expiry is that much later at worst), and none when nothing is open.
+        """
+        config = ctx.config
+        if idle_seconds < config.transaction_timeout or time.monotonic() - self._idle_checked < IDLE_EVERY_SECONDS:
+            return None
+        with self._lock:
+            path = self._path(config, OPEN_TRANSACTIONS)
+            if self._globals(path, lake.open_table(path)).open_count == 0 or self._replay_pending(ctx):
+                return None
+            self._idle_checked = time.monotonic()
+            result = self._run(None, ctx, idle_us=int(idle_seconds * 1_000_000))
+            return result if result.rows_landed or result.figures else None
+
+
+# --- Spark plumbing ----------------------------------------------------------------------------------------
+
+def _inputs(spark: Any, batch: SparkBatch | None) -> tuple[Any, Any]:
+    """The batch's events and markers with the columns the stage reads (empty frames for an idle tick)."""
+    from pyspark.sql import functions as F
+
+    if batch is None:
+        events = lake_spark.from_arrow(spark, schemas.RAW_CHANGE_EVENTS.empty_table(), schemas.RAW_CHANGE_EVENTS)
+        markers = lake_spark.from_arrow(spark, schemas.TRANSACTION_MARKERS.empty_table(), schemas.TRANSACTION_MARKERS)
+    else:
+        events, markers = batch.events, batch.markers
+    return (events.select(*[F.col(c) for c in B.EVENT_COLUMNS]),
+            markers.select(*[F.col(c) for c in B.MARKER_COLUMNS]))
+
+
+def _clock(events: Any, markers: Any) -> pa.Table:
+    """`batch_clock` in Spark: one small aggregate over the batch, collected (`CLOCK` rows)."""
+    from pyspark.sql import functions as F
+
+    table = F.coalesce(F.col("table_id"), F.lit(""))
+    per_table = (events.where(F.col("transaction_id").isNotNull() | F.col("source_ts").isNotNull())
+                 .groupBy(table.alias("stream"))
+                 .agg(F.max(F.unix_micros("source_ts")).alias("ts"), F.min(F.coalesce(F.col("source_name"), F.lit(""))).alias("source")))
+    on_markers = (markers.where(F.col("transaction_id").isNotNull())
+                  .agg(F.lit(MARKERS_STREAM).alias("stream"), F.max(F.unix_micros("marker_ts")).alias("ts"),
+                       F.count(F.lit(1)).alias("n"), F.lit(None).cast("string").alias("source")))
+    rows = per_table.unionByName(on_markers.where(F.col("n") > 0).drop("n")).collect()
+    return pa.Table.from_pylist([r.asDict() for r in rows], schema=CLOCK)
+
+
+def _parts(spark: Any, fold: B.FoldContext, state: Any, events: Any, markers: Any, buckets: int | None) -> Any:
+    """The cogrouped fold: committed transaction rows and the batch's arrivals, by bucket, as `PARTS` rows."""
+    from pyspark.sql import functions as F
+
+    n = buckets or max(2, int(spark.conf.get("spark.sql.shuffle.partitions")))
+
+    def bucket() -> Any:
+        return F.pmod(F.xxhash64("transaction_id"), F.lit(n)).cast("int").alias(BUCKET)
+
+    held = state.where(F.col("entry").isin(OPEN, COMPLETED, EXPIRED)).select(bucket(), *[F.col(f.name) for f in OPEN_TRANSACTIONS_SCHEMA])
+    arrivals = (events.where(F.col("transaction_id").isNotNull()).withColumn(B.KIND, F.lit(B.EVENT))
+                .unionByName(markers.where(F.col("transaction_id").isNotNull()).withColumn(B.KIND, F.lit(B.MARKER)), allowMissingColumns=True))
+    arrivals = arrivals.select(bucket(), *[F.col(c) for c in arrivals.columns])
+    fn = B.group_function(fold)
+
+    def run(key: tuple[pa.Scalar, ...], state_rows: pa.Table, rows: pa.Table) -> pa.Table:
+        return fn(key, state_rows.drop_columns([BUCKET]), rows.drop_columns([BUCKET]))
+
+    return held.groupBy(BUCKET).cogroup(arrivals.groupBy(BUCKET)).applyInArrow(run, schema=lake_spark.spark_schema(B.PARTS))
+
+
+def _decoded(parts: Any, part: str, schema: pa.Schema) -> Any:
+    from pyspark.sql import functions as F
+
+    rows = parts.where(F.col("part") == part).select("payload")
+    return rows.mapInArrow(arrow_parts.decoder(schema), lake_spark.spark_schema(schema))
+
+
+def _tops(spark: Any, parts: Any, events: Any, held_back: Blocks) -> dict[str, tuple[Any, Any]]:
+    """`watermark.reduce_candidates` in Spark: per source, the highest fresh mark and the highest below the blocks."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    plain = events.where(F.col("transaction_id").isNull() & F.col("position").isNotNull()).select(
+        F.coalesce(F.col("source_name"), F.lit("")).alias("source"), F.col("position"),
+        F.unix_micros("source_ts").alias("ts"), F.lit(True).alias("fresh"))
+    cands = _decoded(parts, B.CANDIDATES_PART, CANDIDATES).unionByName(plain)
+    limits = [(src, (held_back.lowest.get(src) or (None,))[0], (held_back.cap(src) or (None,))[0])
+              for src in sorted(set(held_back.lowest) | set(held_back.ghosts))]
+    every = held_back.ghosts.get(EVERY_SOURCE)
+    limit_schema = StructType([StructField("source", StringType()), StructField("bound", StringType()), StructField("cap", LongType())])
+    joined = cands.join(F.broadcast(spark.createDataFrame(limits, limit_schema)), "source", "left")
+    cap = F.coalesce(F.col("cap"), F.lit(every[0]) if every is not None else F.lit(None).cast("long"))
+    allowed = (F.col("bound").isNull() | (F.col("position") < F.col("bound"))) & (cap.isNull() | (F.col("ts").isNotNull() & (F.col("ts") < cap)))
+    mark = F.struct(F.col("position"), F.col("ts"))
+    rows = joined.groupBy("source").agg(F.max(F.when(F.col("fresh"), mark)).alias("top"), F.max(F.when(allowed, mark)).alias("best")).collect()
+    return {r["source"]: tuple(None if m is None else (m["position"], m["ts"]) for m in (r["top"], r["best"])) for r in rows}  # type: ignore[misc]
+
+
+def _write(data: Any, path: Path, application: str | None, version: int | None, mode: str, metadata: str | None) -> bool:
+    """Write unless this application already committed `version` (checked first: a replay ships nothing)."""
+    if application is not None and version is not None and lake.already_committed(lake.open_table(path), application, version):
+        return False
+    out = lake_spark.writer(data, mode, application, version, metadata=metadata)
+    lake_spark.with_retries(lambda: out.save(lake_spark.location(path)), what=f"{mode} {path.name}")
+    return True
+
+
+def _poison_letters(batch: SparkBatch | None, poison: list[dict[str, str]], stage: str, batch_id: int) -> pa.Table:
+    """Dead letters of the events and markers the groups set aside, with their lines taken from the batch."""
+    from pyspark.sql import functions as F
+
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    if batch is not None:
+        event_ids = sorted({p["id"] for p in poison if p["kind"] == B.EVENT})
+        marker_ids = sorted({p["id"] for p in poison if p["kind"] == B.MARKER})
+        if event_ids:
+            for r in batch.events.where(F.col("event_id").isin(event_ids)).select("event_id", "table_id", "line", "source_file").collect():
+                found[(B.EVENT, r["event_id"])] = r.asDict()
+        if marker_ids:
+            for r in batch.markers.where(F.col("marker_id").isin(marker_ids)).select("marker_id", "line", "source_file").collect():
+                found[(B.MARKER, r["marker_id"])] = {"line": r["line"], "source_file": r["source_file"]}
+    rows = []
+    for p in sorted(poison, key=lambda p: (p["kind"], p["id"])):
+        row = dict(found.get((p["kind"], p["id"]), {}))
+        row.pop("marker_id", None)
+        rows.append({**row, "reason_code": STAGE_ERROR, "reason": poison_reason(stage, p["kind"], p["error"])})
+    return dead_letter_rows(rows, stage=stage, batch_id=batch_id)
+

@@ -1,0 +1,169 @@
+"""The transaction stage on Spark's executors (`SparkTransactionStage`) lands what the driver stage lands.
+
+Same landing, two lakes: one run with the driver stage (`TransactionStage`, the pure step on the
+driver), one with the Spark stage (buckets on the executors); every transaction table must hold the
+same rows, order and wall-clock stamps aside. Then what only the Spark stage does: exactly once over a
+crash before the state commit, poison set aside on the executors, idle expiry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform import lake
+from cdc_platform import transactions as T
+from cdc_platform.config import PlatformConfig
+from cdc_platform.ingest import IngestJob
+from cdc_platform.stage import STAGE_ERROR, BatchContext, StageFailure
+from cdc_platform.transactions import spark_stage as S
+from tests.cdc_platform.test_transactions import COUNTS, begin, end, ev
+from tests.cdc_platform.test_transactions_buckets import random_batches
+
+TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"]}, "public.accounts": {"key": ["id"]}}
+#: Wall-clock stamps (`now` of each run): the only columns two runs may differ in.
+WALL_CLOCK = {"completed_at", "detected_at", "expired_at", "updated_at"}
+
+
+def table_rows(cfg: PlatformConfig, name: str) -> list[str]:
+    data = lake.open_table(lake.table_path(cfg.lake, name)).to_pyarrow_table().to_pylist()
+    return sorted(json.dumps({k: v for k, v in r.items() if k not in WALL_CLOCK}, sort_keys=True, default=str) for r in data)
+
+
+def land_batches(tmp_path: Path, batches: list[list[str]]) -> None:
+    landing = tmp_path / "landing"
+    for i, lines in enumerate(batches):
+        target = landing / f"part-{i:05d}.jsonl"
+        target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.utime(target, (1_700_000_000 + i, 1_700_000_000 + i))  # one file per batch, in this order
+
+
+def test_the_spark_stage_lands_what_the_driver_stage_lands_on_random_batches(
+    make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any
+) -> None:
+    """Random arrivals (lost, redelivered, late, out of order), a few batches of several files each."""
+    cfg = make_config(TABLES, max_files_per_trigger=4)
+    land_batches(tmp_path, [lines for lines, idle in random_batches(2) if lines and not idle])
+    on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
+    IngestJob(cfg, stages=[T.TransactionStage()]).run_available_now(spark)
+    report = IngestJob(on_spark, stages=[S.SparkTransactionStage(buckets=3)]).run_available_now(spark)
+    assert len(report.batches) >= 4
+    for name in T.TABLE_SCHEMAS:
+        assert table_rows(on_spark, name) == table_rows(cfg, name), name
+    assert table_rows(cfg, T.TRANSACTIONS) and table_rows(cfg, T.INCOMPLETE) and table_rows(cfg, T.LATE), "every output is exercised"
+
+
+def versions(cfg: PlatformConfig) -> dict[str, int]:
+    return {name: lake.open_table(path).version() for name, path in lake.lake_tables(cfg.lake).items()}
+
+
+def ids(cfg: PlatformConfig, name: str, entry: str | None = None) -> list[str]:
+    data = lake.open_table(lake.table_path(cfg.lake, name)).to_pyarrow_table().to_pylist()
+    return sorted(r["transaction_id"] for r in data if entry is None or r["entry"] == entry)
+
+
+def test_a_crash_before_the_state_commit_replays_without_loss_or_repeat(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = make_config(TABLES)
+    land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
+    real = S._write
+
+    def crash_on_state(data: Any, path: Path, *args: Any) -> bool:
+        if path.name == T.OPEN_TRANSACTIONS:
+            raise RuntimeError("killed before the state commit")
+        return real(data, path, *args)
+
+    monkeypatch.setattr(S, "_write", crash_on_state)
+    with pytest.raises(StageFailure, match="killed before the state commit"):
+        IngestJob(cfg, stages=[S.SparkTransactionStage()]).run_available_now(spark)
+    assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "the outputs committed"
+    monkeypatch.setattr(S, "_write", real)
+
+    restarted = IngestJob(cfg, stages=[S.SparkTransactionStage()])  # a new process: nothing cached; Spark replays the batch
+    restarted.run_available_now(spark)
+    assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "not twice"
+    assert ids(cfg, T.OPEN_TRANSACTIONS, T.OPEN) == ["g:2"]
+    before = versions(cfg)
+    restarted.run_available_now(spark)
+    assert versions(cfg) == before, "nothing new: nothing committed"
+    land(None, [ev("g:2", "charges", 110, 1, row=2), end("g:2", 1, {"shop.charges": 1})])
+    restarted.run_available_now(spark)
+    assert ids(cfg, T.TRANSACTIONS) == ["g:1", "g:2"]
+
+
+def poison_at_201(events: Any, markers: Any) -> None:
+    if 201 in [json.loads(a)["pos"] for a in events.column("after").to_pylist() if a]:
+        raise KeyError("poison")
+
+
+def test_an_event_a_bucket_cannot_take_is_a_dead_letter_with_its_line_and_the_rest_lands(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, query: Callable[..., Any]
+) -> None:
+    cfg = make_config(TABLES)
+    bad = ev("g:2", "charges", 201, 2, row=2)
+    land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS),
+                ev(None, "charges", 150, 1.5, row=3), bad])
+    report = IngestJob(cfg, stages=[S.SparkTransactionStage(probe=poison_at_201)]).run_available_now(spark)
+    (dead,) = query(cfg, "SELECT * FROM dead_letter")
+    assert dead["reason_code"] == STAGE_ERROR and dead["stage"] == "transactions" and dead["line"] == bad
+    assert "KeyError: 'poison'" in dead["reason"] and dead["table_id"] == "shop.charges" and dead["event_id"]
+    assert report.batches[0].rows_landed.get("dead_letter") == 1
+    assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "the rest landed"
+
+
+def test_a_quiet_stream_expires_open_transactions_by_idle_time_and_a_later_end_is_late(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(S, "IDLE_EVERY_SECONDS", 0.0)
+    cfg = make_config(TABLES, transaction_timeout=1)
+    land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
+    stage = S.SparkTransactionStage()
+    job = IngestJob(cfg, stages=[stage])
+    job.run_available_now(spark)
+    ctx = BatchContext(cfg, job.query_id(), 0)
+    assert stage.on_idle(ctx, 0.5) is None, "not idle for the timeout yet"
+    result = stage.on_idle(ctx, 5.0)
+    assert result is not None and result.rows_landed == {T.INCOMPLETE: 1}
+    rows = lake.open_table(lake.table_path(cfg.lake, T.INCOMPLETE)).to_pyarrow_table().to_pylist()
+    assert [(r["transaction_id"], r["reason"], r["expired_by"]) for r in rows] == [("g:1", T.MISSING_END, T.PROCESSING_TIME)]
+    assert stage.on_idle(ctx, 10.0) is None, "nothing open any more"
+    land(None, [end("g:1", 1, {"shop.charges": 1})])
+    job.run_available_now(spark)
+    late = lake.open_table(lake.table_path(cfg.lake, T.LATE)).to_pyarrow_table().to_pylist()
+    assert [(r["transaction_id"], r["fate"]) for r in late] == [("g:1", "expired")]
+
+
+def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(S, "IDLE_EVERY_SECONDS", 0.0)
+    cfg = make_config(TABLES, transaction_timeout=1)
+    land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
+    job = IngestJob(cfg, stages=[S.SparkTransactionStage()])
+    job.run_available_now(spark)
+    real = S._write
+
+    def crash_on_state(data: Any, path: Path, *args: Any) -> bool:
+        if path.name == T.OPEN_TRANSACTIONS:
+            raise RuntimeError("killed before the state commit")
+        return real(data, path, *args)
+
+    monkeypatch.setattr(S, "_write", crash_on_state)
+    with pytest.raises(RuntimeError):
+        job.stages[0].on_idle(BatchContext(cfg, job.query_id(), 0), 5.0)  # type: ignore[attr-defined]
+    monkeypatch.setattr(S, "_write", real)
+    assert ids(cfg, T.OPEN_TRANSACTIONS, T.OPEN) == ["g:1"], "the state still holds it open"
+
+    land(None, [end("g:1", 1, {"shop.charges": 1})])
+    IngestJob(cfg, stages=[S.SparkTransactionStage()]).run_available_now(spark)  # a new process
+    rows = lake.open_table(lake.table_path(cfg.lake, T.INCOMPLETE)).to_pyarrow_table().to_pylist()
+    assert [(r["transaction_id"], r["expired_by"]) for r in rows] == [("g:1", T.PROCESSING_TIME)]
+    assert ids(cfg, T.TRANSACTIONS) == [], "expired by idle time: its END arriving later does not complete it"
+    assert ids(cfg, T.OPEN_TRANSACTIONS, T.OPEN) == []
