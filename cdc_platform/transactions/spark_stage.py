@@ -26,6 +26,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,11 +182,6 @@ class SparkTransactionStage:
                     figures[k] = figures.get(k, 0.0) + v
             if not guarded and not figures.get("expired"):
                 return StageResult()  # an idle tick that expired nothing commits nothing
-            t = time.perf_counter()
-            tops = _tops(spark, parts, events, held_back)
-            new_sources, watermark, global_rows = B.finish(held.sources, clocks, held_back, tops, fold.batch_id, now)
-            seconds["watermark"] = time.perf_counter() - t
-            figures["state_rows"] = float(sum(s["state_rows"] for s in summary) + global_rows.num_rows)
             for k in ("completed", "expired", "late", "open", "finished_kept", "merged"):
                 figures.setdefault(k, 0.0)
             landed: dict[str, int] = {}
@@ -195,9 +191,18 @@ class SparkTransactionStage:
                 if lake_spark.append_once(lake_spark.from_arrow(spark, dead, schemas.DEAD_LETTER), self._path(config, DEAD_LETTER),
                                           ctx.app_id(f"{DEAD_LETTER}.{self.name}"), ctx.batch_id):
                     landed[DEAD_LETTER] = dead.num_rows
+
+            def place_watermark() -> tuple[pa.Table, pa.Table, Globals]:
+                """The watermark and the state's global rows: one more Spark aggregate, run beside the outputs' writes."""
+                t = time.perf_counter()
+                tops = _tops(spark, parts, events, held_back)
+                new_sources, watermark, global_rows = B.finish(held.sources, clocks, held_back, tops, fold.batch_id, now)
+                seconds["watermark"] = time.perf_counter() - t
+                figures["state_rows"] = float(sum(s["state_rows"] for s in summary) + global_rows.num_rows)
+                return watermark, global_rows, Globals(clocks.after, clocks.stream_source, new_sources, int(figures["open"]))
+
             t = time.perf_counter()
-            landed |= self._commit(spark, config, ctx if guarded else None, parts, figures, watermark, global_rows,
-                                   Globals(clocks.after, clocks.stream_source, new_sources, int(figures["open"])))
+            landed |= self._commit(spark, config, ctx if guarded else None, parts, figures, place_watermark)
             seconds["commit"] = time.perf_counter() - t
         finally:
             parts.unpersist()
@@ -205,25 +210,29 @@ class SparkTransactionStage:
         return StageResult(rows_landed=landed, figures=figures)
 
     def _commit(self, spark: Any, config: PlatformConfig, ctx: BatchContext | None, parts: Any, figures: dict[str, float],
-                watermark: pa.Table, global_rows: pa.Table, after: Globals) -> dict[str, int]:
-        """Outputs first (side by side), state last, so a crash in between replays against the old state."""
+                place_watermark: Callable[[], tuple[pa.Table, pa.Table, Globals]]) -> dict[str, int]:
+        """Outputs first (side by side, the watermark placed and written in one of the threads), state last,
+        so a crash in between replays against the old state."""
         version = None if ctx is None else ctx.batch_id
         metadata = None if ctx is not None else "trigger=idle"
         counts = {TRANSACTIONS: int(figures["completed"]), INCOMPLETE: int(figures["expired"]), LATE: int(figures["late"])}
         part_of = {TRANSACTIONS: B.COMPLETED_PART, INCOMPLETE: B.INCOMPLETE_PART, LATE: B.LATE_PART}
+        placed: list[tuple[pa.Table, pa.Table, Globals]] = []
 
         def output(name: str) -> bool:
             if name == WATERMARK:
-                data = lake_spark.from_arrow(spark, watermark, TABLE_SCHEMAS[WATERMARK])
+                placed.append(place_watermark())
+                data = lake_spark.from_arrow(spark, placed[0][0], TABLE_SCHEMAS[WATERMARK])
                 return _write(data, self._path(config, name), None if ctx is None else ctx.app_id(name), version, "overwrite", metadata)
             if counts[name] == 0:
                 return False
             data = _decoded(parts, part_of[name], TABLE_SCHEMAS[name])
             return _write(data, self._path(config, name), None if ctx is None else ctx.app_id(name), version, "append", metadata)
 
-        names = [TRANSACTIONS, INCOMPLETE, LATE, WATERMARK]
+        names = [WATERMARK, TRANSACTIONS, INCOMPLETE, LATE]
         wrote = lake_spark.side_by_side([lambda name=name: output(name) for name in names], name="cdc-tx-commit")
         landed = {name: counts[name] for name, done in zip(names, wrote) if done and name != WATERMARK}
+        _, global_rows, after = placed[0]
 
         state_path = self._path(config, OPEN_TRANSACTIONS)
         token = STATE_TOKEN + uuid.uuid4().hex
