@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_platform import lake, ordering
-from cdc_platform.envelope import canonical_json
+from cdc_platform.json_codec import canonical_json
 from cdc_platform.envelope import loads_json as _loads
 
 #: Debezium's default `unavailable.value.placeholder`.

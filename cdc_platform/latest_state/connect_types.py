@@ -19,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_platform.envelope import json_text as _json_dump
-from cdc_platform.envelope import quote_value as _show
+from cdc_platform.json_codec import json_text as _json_dump
+from cdc_platform.json_codec import quote_value as _show
 from cdc_platform.latest_state.layout import TS
 
 _CONNECT_BASE: dict[str, pa.DataType] = {

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 
 from cdc_platform import envelope, lake
 from cdc_platform.config import TableConfig
-from cdc_platform.envelope import canonical_json  # the one definition of the `key` text
-from cdc_platform.envelope import quote_value as _show
+from cdc_platform.json_codec import canonical_json  # the one definition of the `key` text
+from cdc_platform.json_codec import quote_value as _show
 from cdc_platform.latest_state.connect_types import (
     _INFERRED,
     BadValue,

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 
 from cdc_platform import connect_sql as C
-from cdc_platform.envelope import json_text, loads_json
+from cdc_platform.envelope import loads_json
+from cdc_platform.json_codec import json_text
 from cdc_platform.latest_state.connect_types import BadValue, connect_type, infer_type, type_name
 
 D = decimal.Decimal

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import envelope
+from cdc_platform import envelope, json_codec
 from cdc_platform.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line, rows_to_batch
 from cdc_platform.schemas import PARSED
 
@@ -261,6 +261,7 @@ def test_orjson_fast_path_matches_the_stdlib_byte_for_byte(monkeypatch: pytest.M
     lines += ['{"status":"END","id":"7:1","ts_ms":1,"event_count":18446744073709551615}', '{"after": {"id": 1e400}}', "[1, 2", "NaN"]
     fast = [parse_line(line, "f", KEYS) for line in lines]
     monkeypatch.setattr(envelope, "_orjson", None)
+    monkeypatch.setattr(json_codec, "_orjson", None)
     slow = [parse_line(line, "f", KEYS) for line in lines]
     for line, a, b in zip(lines, fast, slow):
         assert a == b, line
@@ -383,7 +384,7 @@ def test_input_precheck_decides_as_the_regex() -> None:
     lines += [f'{{"a":{"9" * n}}}' for n in range(15, 25)] + [f'{{"a":-{"9" * n}}}' for n in range(15, 25)]
     lines += ['{"a": "\u0663' * 20 + '"}', '{"a":' + "\u0663" * 20 + "}"]
     for line in lines:
-        assert envelope._orjson_may_misread(line) == bool(envelope._ORJSON_UNSAFE_INPUT.search(line)), line
+        assert json_codec._orjson_may_misread(line) == bool(json_codec._ORJSON_UNSAFE_INPUT.search(line)), line
 
 
 def test_keys_and_row_images_match_the_stdlib_path_whatever_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -400,6 +401,7 @@ def test_keys_and_row_images_match_the_stdlib_path_whatever_the_numbers(monkeypa
               for _ in range(500)]
     fast = [parse_line(line, "f", KEYS) for line in lines]
     monkeypatch.setattr(envelope, "_orjson", None)
+    monkeypatch.setattr(json_codec, "_orjson", None)
     slow = [parse_line(line, "f", KEYS) for line in lines]
     assert sum(r["kind"] == "change" for r in fast) > 1000
     for line, a, b in zip(lines, fast, slow):
@@ -449,13 +451,13 @@ def test_numbers_no_float_holds_keep_their_digits_in_the_raw_row_image(written: 
 
 def test_the_fast_path_stays_for_lines_whose_numbers_a_float_holds() -> None:
     for ordinary in ("12.5", "1e-05", '"Date-1970"', "1700000000000000", "-3.25"):
-        assert not envelope._orjson_may_misread(_NUMBER_LINE % ordinary), ordinary
+        assert not json_codec._orjson_may_misread(_NUMBER_LINE % ordinary), ordinary
     for long_ in ("12345678.9", "0.123456789", "1E-400", "12345678901234567890"):
-        assert envelope._orjson_may_misread(_NUMBER_LINE % long_), long_
+        assert json_codec._orjson_may_misread(_NUMBER_LINE % long_), long_
 
 
 def test_loads_json_and_json_text_round_trip_exact_numbers() -> None:
     text = '{"a":12345678901234567.891,"b":0.5,"c":[1,2E-500]}'
     value = envelope.loads_json(text)
     assert value["a"] == decimal.Decimal("12345678901234567.891") and value["b"] == 0.5
-    assert envelope.json_text(value) == text
+    assert json_codec.json_text(value) == text
