@@ -231,6 +231,36 @@ def isolate(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: s
     return found
 
 
+def prepare_isolated(probe: Callable[[ParsedBatch], Any], batch: ParsedBatch, *, stage: str) -> tuple[Any, Isolation]:
+    """`probe(batch)`, or, when it raises on some events, `probe` of the rest after bisecting them out.
+
+    Returns the result and what was isolated (empty when the whole batch passed). Raises `StageFailure`
+    when the failure is not about events (see `isolate`), when the batch fails whole but in no part,
+    or when the rest still fails. For the stages that isolate on the executors (latest state,
+    transactions), where the probe is the group's own work.
+    """
+    try:
+        return probe(batch), Isolation()
+    except NOT_ABOUT_EVENTS as exc:
+        raise StageFailure(f"the {stage} stage failed on batch {batch.batch_id}: {describe_error(exc)}") from exc
+    except Exception as first:
+        found = isolate(probe, batch, stage=stage, failed=first)
+        if not found.failed:
+            raise StageFailure(
+                f"the {stage} stage failed on batch {batch.batch_id} as a whole but on no part of it "
+                f"({describe_error(first)}); nothing of the batch was committed by this stage and it replays on restart"
+            ) from first
+    rest = batch.subset([i for i in range(batch.events.num_rows) if ("event", i) not in found.failed],
+                        [i for i in range(batch.markers.num_rows) if ("marker", i) not in found.failed])
+    try:
+        return probe(rest), found
+    except Exception as exc:
+        raise StageFailure(
+            f"the {stage} stage failed on batch {batch.batch_id} even without the {len(found.failed)} event(s) "
+            f"it could not take ({describe_error(exc)}); the batch replays on restart"
+        ) from exc
+
+
 def run_stage(stage: Stage, batch: ParsedBatch, ctx: BatchContext, write_dead: Callable[[pa.Table, str], None]) -> StageResult:
     """Prepare, isolate what the stage cannot take, then commit the rest (see the module doc).
 

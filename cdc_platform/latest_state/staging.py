@@ -23,7 +23,7 @@ row is one part of the table's result, its rows encoded as an Arrow IPC stream i
 * `failure`: the stage cannot go on for a reason that is not one event (see `stage.isolate`); the
   driver raises it as `StageFailure`, and the batch replays on restart.
 
-Poison events are isolated here, on the executor, by the same bisection the driver ran (`stage.isolate`):
+Poison events are isolated here, on the executor, by the same bisection the driver ran (`stage.prepare_isolated`):
 one event the stage cannot take is a dead letter (`stage_error`), the rest of its table lands.
 """
 
@@ -40,15 +40,7 @@ import pyarrow as pa
 from cdc_platform import schemas
 from cdc_platform.arrow_parts import chunks, encode
 from cdc_platform.config import TableConfig
-from cdc_platform.stage import (
-    NOT_ABOUT_EVENTS,
-    ParsedBatch,
-    StageFailure,
-    dead_letter_rows,
-    describe_error,
-    isolate,
-    poison_rows,
-)
+from cdc_platform.stage import ParsedBatch, StageFailure, dead_letter_rows, poison_rows, prepare_isolated
 
 #: What `apply.prepare_table` returns (apply imports this module, so it is named, not imported, here).
 TablePlan = Any
@@ -164,28 +156,11 @@ def _stage_table(ctx: StagingContext, table_id: str, rows: pa.Table) -> list[dic
     dead: list[pa.Table] = []
     figures: dict[str, float] = {}
     try:
-        try:
-            plan = probe(batch)
-        except NOT_ABOUT_EVENTS as exc:
-            raise StageFailure(f"the {ctx.stage} stage failed on batch {ctx.batch_id}: {describe_error(exc)}") from exc
-        except Exception as first:
-            found = isolate(probe, batch, stage=ctx.stage, failed=first)
-            if not found.failed:
-                raise StageFailure(
-                    f"the {ctx.stage} stage failed on batch {ctx.batch_id} as a whole but on no part of it "
-                    f"({describe_error(first)}); nothing of the batch was committed by this stage and it replays on restart"
-                ) from first
+        plan, found = prepare_isolated(probe, batch, stage=ctx.stage)
+        if found.failed:
             dead.append(poison_rows(batch, found, ctx.stage))
             figures["isolated_events"] = float(len(found.failed))
             figures["isolation_probes"] = float(found.probes)
-            rest = batch.subset([i for i in range(events.num_rows) if ("event", i) not in found.failed], [])
-            try:
-                plan = probe(rest)
-            except Exception as exc:
-                raise StageFailure(
-                    f"the {ctx.stage} stage failed on batch {ctx.batch_id} even without the {len(found.failed)} event(s) "
-                    f"it could not take ({describe_error(exc)}); the batch replays on restart"
-                ) from exc
     except StageFailure as failure:
         return [_row(table_id, FAILURE, info={"message": str(failure)})]
 

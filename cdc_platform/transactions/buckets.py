@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from cdc_platform import schemas
 from cdc_platform.arrow_parts import chunks
-from cdc_platform.stage import NOT_ABOUT_EVENTS, ParsedBatch, StageFailure, describe_error, isolate
+from cdc_platform.stage import ParsedBatch, StageFailure, describe_error, prepare_isolated
 from cdc_platform.transactions.aggregation import (
     Clocks,
     Held,
@@ -157,30 +157,9 @@ def fold_bucket(ctx: FoldContext, state_rows: pa.Table, events: pa.Table, marker
     batch = ParsedBatch(batch_id=ctx.batch_id if ctx.batch_id is not None else -1, events=events, markers=markers,
                         dead_letters=schemas.DEAD_LETTER.empty_table(), tombstones=0, rows_read=events.num_rows + markers.num_rows,
                         in_batch_duplicates=0, ingested_at=ctx.now)
-    poison: list[dict[str, str]] = []
-    try:
-        settled = probe(batch)
-    except NOT_ABOUT_EVENTS as exc:
-        raise StageFailure(f"the {ctx.stage} stage failed on batch {ctx.batch_id}: {describe_error(exc)}") from exc
-    except Exception as first:
-        found = isolate(probe, batch, stage=ctx.stage, failed=first)
-        if not found.failed:
-            raise StageFailure(
-                f"the {ctx.stage} stage failed on batch {ctx.batch_id} as a whole but on no part of it "
-                f"({describe_error(first)}); nothing of the batch was committed by this stage and it replays on restart"
-            ) from first
-        for (kind, i), exc in sorted(found.failed.items()):
-            ident = events.column("event_id")[i].as_py() if kind == EVENT else markers.column("marker_id")[i].as_py()
-            poison.append({"kind": kind, "id": ident, "error": describe_error(exc)})
-        rest = batch.subset([i for i in range(events.num_rows) if (EVENT, i) not in found.failed],
-                            [i for i in range(markers.num_rows) if (MARKER, i) not in found.failed])
-        try:
-            settled = probe(rest)
-        except Exception as exc:
-            raise StageFailure(
-                f"the {ctx.stage} stage failed on batch {ctx.batch_id} even without the {len(found.failed)} event(s) "
-                f"it could not take ({describe_error(exc)}); the batch replays on restart"
-            ) from exc
+    settled, found = prepare_isolated(probe, batch, stage=ctx.stage)
+    poison = [{"kind": kind, "id": (events.column("event_id") if kind == EVENT else markers.column("marker_id"))[i].as_py(),
+               "error": describe_error(exc)} for (kind, i), exc in sorted(found.failed.items())]
     empty_plain = pa.table({"source": pa.array([], pa.string()), "position": pa.array([], pa.string()), "ts": pa.array([], pa.int64())})
     return BucketResult(
         settled=settled,

@@ -56,13 +56,9 @@ from cdc_platform.transactions.schemas import (
     WATERMARK,
     Settings,
 )
+from cdc_platform.transactions.stage import MAINTENANCE_EVERY, STATE_TOKEN, create_tables, maintain, replay_pending
 from cdc_platform.transactions.watermark import CANDIDATES, EVERY_SOURCE, Blocks, _read_sources, _SourceMark
 
-#: Overwritten tables (state, watermark) get a new file per batch; vacuum them every this many commits.
-MAINTENANCE_EVERY = 100
-MAINTENANCE_RETENTION_HOURS = 1
-#: Prefix of the state commit's `userMetadata`, whose random rest tells the stage the commit is its own.
-STATE_TOKEN = "cdc_state_commit="
 #: A quiet stream asks for idle expiry every poll; between two evaluations (each a Spark job) at least this long.
 IDLE_EVERY_SECONDS = 5.0
 #: The state columns of its stream and source rows (what the driver reads of the state table).
@@ -97,9 +93,7 @@ class SparkTransactionStage:
         self._idle_checked = 0.0
 
     def setup(self, config: PlatformConfig) -> None:
-        spark = lake_spark.session()
-        lake_spark.ensure_tables(spark, [(lake.table_path(config.lake, name), lake_spark.spark_schema(schema), ())
-                                         for name, schema in TABLE_SCHEMAS.items()])
+        create_tables(config)
 
     def _path(self, config: PlatformConfig, name: str) -> Path:
         return lake.table_path(config.lake, name)
@@ -244,33 +238,8 @@ class SparkTransactionStage:
         if history and history[0].get("userMetadata") == token:
             self._cache = (state_path, table.version(), after)
         if table.version() % MAINTENANCE_EVERY == 0:
-            self._maintain(spark, config)
+            self._cache = maintain(config, self._cache)
         return landed
-
-    def _maintain(self, spark: Any, config: PlatformConfig) -> None:
-        """The state and watermark tables are rewritten every batch: drop their old files (the rows stay as they are)."""
-        for name in (OPEN_TRANSACTIONS, WATERMARK):
-            lake_spark.vacuum(spark, self._path(config, name), MAINTENANCE_RETENTION_HOURS, enforce_retention=False)
-        cached = self._cache
-        self._cache = None
-        if cached is None:
-            return
-        table = lake.open_table(cached[0])
-        newer = table.version() - cached[1]
-        if newer >= 0 and all(str(c.get("operation", "")).startswith("VACUUM") for c in (table.history(newer) if newer else [])):
-            self._cache = (cached[0], table.version(), cached[2])
-
-    # --- a quiet stream -------------------------------------------------------------------------------------
-
-    def _replay_pending(self, ctx: BatchContext) -> bool:
-        """True when a batch's outputs are ahead of the state: that batch must be replayed first."""
-        config = ctx.config
-        state_version = lake.open_table(self._path(config, OPEN_TRANSACTIONS)).transaction_version(ctx.app_id(OPEN_TRANSACTIONS))
-        for name in (TRANSACTIONS, INCOMPLETE, LATE, WATERMARK):
-            v = lake.open_table(self._path(config, name)).transaction_version(ctx.app_id(name))
-            if v is not None and (state_version is None or v > state_version):
-                return True
-        return False
 
     def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:
         """`cdc stream` received nothing for `idle_seconds`: advance event time by that much and expire what is due.
@@ -283,7 +252,7 @@ class SparkTransactionStage:
             return None
         with self._lock:
             path = self._path(config, OPEN_TRANSACTIONS)
-            if self._globals(path, lake.open_table(path)).open_count == 0 or self._replay_pending(ctx):
+            if self._globals(path, lake.open_table(path)).open_count == 0 or replay_pending(ctx):
                 return None
             self._idle_checked = time.monotonic()
             result = self._run(None, ctx, idle_us=int(idle_seconds * 1_000_000))

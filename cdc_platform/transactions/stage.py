@@ -108,9 +108,7 @@ class TransactionStage:
         self._recovered: set[Path] = set()
 
     def setup(self, config: PlatformConfig) -> None:
-        spark = lake_spark.session()
-        lake_spark.ensure_tables(spark, [(lake.table_path(config.lake, name), lake_spark.spark_schema(schema), ())
-                                         for name, schema in TABLE_SCHEMAS.items()])
+        create_tables(config)
 
     def _path(self, config: PlatformConfig, name: str) -> Path:
         return lake.table_path(config.lake, name)
@@ -198,32 +196,10 @@ class TransactionStage:
         return landed
 
     def _maintain(self, config: PlatformConfig) -> None:
-        """The state and watermark tables are rewritten every batch: drop their old files.
-
-        Vacuum adds commits of its own that leave the rows as they are, so the held state stays
-        valid when nothing but those lies between its stamp and the new version.
-        """
-        spark = lake_spark.session()
-        for name in (OPEN_TRANSACTIONS, WATERMARK):
-            lake_spark.vacuum(spark, self._path(config, name), MAINTENANCE_RETENTION_HOURS, enforce_retention=False)
-        cached = self._cache
-        self._cache = None
-        if cached is None:
-            return
-        table = lake.open_table(cached[0])
-        newer = table.version() - cached[1]
-        if newer >= 0 and all(str(c.get("operation", "")).startswith("VACUUM") for c in (table.history(newer) if newer else [])):
-            self._cache = (cached[0], table.version(), cached[2])
+        self._cache = maintain(config, self._cache)
 
     def _replay_pending(self, ctx: BatchContext) -> bool:
-        """True when a batch's outputs are ahead of the state: that batch must be replayed first."""
-        config = ctx.config
-        state_version = lake.open_table(self._path(config, OPEN_TRANSACTIONS)).transaction_version(ctx.app_id(OPEN_TRANSACTIONS))
-        for name in (TRANSACTIONS, INCOMPLETE, LATE, WATERMARK):
-            v = lake.open_table(self._path(config, name)).transaction_version(ctx.app_id(name))
-            if v is not None and (state_version is None or v > state_version):
-                return True
-        return False
+        return replay_pending(ctx)
 
     def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:
         """`cdc stream` received nothing for `idle_seconds`: advance event time by that much and expire what is due."""
@@ -248,6 +224,43 @@ class TransactionStage:
                 return None
             landed = self._commit(config, result, after, None)
             return StageResult(rows_landed=landed, figures=result.figures)
+
+
+def create_tables(config: PlatformConfig) -> None:
+    """The stage's five tables, created side by side where missing."""
+    spark = lake_spark.session()
+    lake_spark.ensure_tables(spark, [(lake.table_path(config.lake, name), lake_spark.spark_schema(schema), ())
+                                     for name, schema in TABLE_SCHEMAS.items()])
+
+
+def maintain(config: PlatformConfig, cached: tuple[Path, int, Any] | None) -> tuple[Path, int, Any] | None:
+    """The state and watermark tables are rewritten every batch: drop their old files. Returns what a
+    stage held of the state (`cached`, stamped with a version) if it is still valid, restamped.
+
+    Vacuum adds commits of its own that leave the rows as they are, so a held state stays valid when
+    nothing but those lies between its stamp and the new version.
+    """
+    spark = lake_spark.session()
+    for name in (OPEN_TRANSACTIONS, WATERMARK):
+        lake_spark.vacuum(spark, lake.table_path(config.lake, name), MAINTENANCE_RETENTION_HOURS, enforce_retention=False)
+    if cached is None:
+        return None
+    table = lake.open_table(cached[0])
+    newer = table.version() - cached[1]
+    if newer >= 0 and all(str(c.get("operation", "")).startswith("VACUUM") for c in (table.history(newer) if newer else [])):
+        return (cached[0], table.version(), cached[2])
+    return None
+
+
+def replay_pending(ctx: BatchContext) -> bool:
+    """True when a batch's outputs are ahead of the state: that batch must be replayed first (no idle expiry now)."""
+    lake_dir = ctx.config.lake
+    state_version = lake.open_table(lake.table_path(lake_dir, OPEN_TRANSACTIONS)).transaction_version(ctx.app_id(OPEN_TRANSACTIONS))
+    for name in (TRANSACTIONS, INCOMPLETE, LATE, WATERMARK):
+        v = lake.open_table(lake.table_path(lake_dir, name)).transaction_version(ctx.app_id(name))
+        if v is not None and (state_version is None or v > state_version):
+            return True
+    return False
 
 
 def _latest_commit(table: Any) -> dict[str, Any]:

@@ -68,11 +68,8 @@ def ids(cfg: PlatformConfig, name: str, entry: str | None = None) -> list[str]:
     return sorted(r["transaction_id"] for r in data if entry is None or r["entry"] == entry)
 
 
-def test_a_crash_before_the_state_commit_replays_without_loss_or_repeat(
-    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cfg = make_config(TABLES)
-    land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
+def crash_before_the_state_commit(monkeypatch: pytest.MonkeyPatch) -> Callable[..., bool]:
+    """Make the state commit raise, like a process killed after the outputs committed; return the real writer."""
     real = S._write
 
     def crash_on_state(data: Any, path: Path, *args: Any) -> bool:
@@ -81,6 +78,15 @@ def test_a_crash_before_the_state_commit_replays_without_loss_or_repeat(
         return real(data, path, *args)
 
     monkeypatch.setattr(S, "_write", crash_on_state)
+    return real
+
+
+def test_a_crash_before_the_state_commit_replays_without_loss_or_repeat(
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = make_config(TABLES)
+    land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
+    real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(StageFailure, match="killed before the state commit"):
         IngestJob(cfg, stages=[S.SparkTransactionStage()]).run_available_now(spark)
     assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "the outputs committed"
@@ -148,14 +154,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
     job = IngestJob(cfg, stages=[S.SparkTransactionStage()])
     job.run_available_now(spark)
-    real = S._write
-
-    def crash_on_state(data: Any, path: Path, *args: Any) -> bool:
-        if path.name == T.OPEN_TRANSACTIONS:
-            raise RuntimeError("killed before the state commit")
-        return real(data, path, *args)
-
-    monkeypatch.setattr(S, "_write", crash_on_state)
+    real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(RuntimeError):
         job.stages[0].on_idle(BatchContext(cfg, job.query_id(), 0), 5.0)  # type: ignore[attr-defined]
     monkeypatch.setattr(S, "_write", real)
