@@ -148,8 +148,6 @@ class SparkTransactionStage:
         t = time.perf_counter()
         events, markers = _inputs(spark, batch)
         clock = _clock(events, markers)
-        if guarded and clock.num_rows == 0 and held.open_count == 0:
-            return StageResult()
         clocks = advance(held.progress, held.stream_source, clock)
         seconds["clock"] = time.perf_counter() - t
 

@@ -59,6 +59,22 @@ def test_the_spark_stage_lands_what_the_driver_stage_lands_on_random_batches(
     assert table_rows(cfg, T.TRANSACTIONS) and table_rows(cfg, T.INCOMPLETE) and table_rows(cfg, T.LATE), "every output is exercised"
 
 
+def test_events_without_a_source_time_still_move_the_watermark(
+    make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any
+) -> None:
+    """A batch whose only events carry no `source.ts_ms` moves no clock, and nothing is open: its positions
+    are still settled, as the driver stage settles them."""
+    untimed = json.loads(ev(None, "charges", 700, 9, row=70))
+    del untimed["source"]["ts_ms"]
+    cfg = make_config(TABLES)
+    land_batches(tmp_path, [[json.dumps(untimed)]])
+    on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
+    IngestJob(cfg, stages=[T.TransactionStage()]).run_available_now(spark)
+    IngestJob(on_spark, stages=[S.SparkTransactionStage()]).run_available_now(spark)
+    assert table_rows(on_spark, T.WATERMARK) == table_rows(cfg, T.WATERMARK)
+    assert [json.loads(r)["position"] for r in table_rows(cfg, T.WATERMARK)] == [f"{1:010d}{700:020d}{0:010d}"]
+
+
 def versions(cfg: PlatformConfig) -> dict[str, int]:
     return {name: lake.open_table(path).version() for name, path in lake.lake_tables(cfg.lake).items()}
 
