@@ -276,13 +276,26 @@ def partition_rows(spark: SparkSession, path: Path | str, column: str) -> dict[A
     return {r["part"]: int(r["n"] or 0) for r in rows}
 
 
-def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
-    """`errors.retry_conflicts` for delta-spark's conflicts (`DeltaConcurrentModificationException` and kin)."""
-    from delta.exceptions import DeltaConcurrentModificationException
+#: delta-spark's commit-conflict errors. In its Python API they are siblings, not subclasses of
+#: `DeltaConcurrentModificationException` (a concurrent append, a metadata or protocol change, ...), so
+#: every one is named; the captured (classic) and Spark Connect forms both derive from these.
+CONFLICT_NAMES = (
+    "DeltaConcurrentModificationException", "ConcurrentWriteException", "MetadataChangedException", "ProtocolChangedException",
+    "ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException", "ConcurrentTransactionException",
+)
 
+
+def conflict_errors() -> tuple[type[BaseException], ...]:
+    from delta.exceptions import base
+
+    return tuple(getattr(base, name) for name in CONFLICT_NAMES)
+
+
+def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
+    """`errors.retry_conflicts` for delta-spark's conflicts (`conflict_errors`)."""
     from cdc_platform.errors import retry_conflicts
 
-    return retry_conflicts(action, (DeltaConcurrentModificationException,), what=what, attempts=attempts)
+    return retry_conflicts(action, conflict_errors(), what=what, attempts=attempts)
 
 
 def session() -> SparkSession:

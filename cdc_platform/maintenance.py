@@ -70,14 +70,13 @@ class TableMaintenance:
 
 def _optimize(spark: SparkSession, path: Path, name: str) -> None:
     """OPTIMIZE, retried when a concurrent writer (the stream) commits first and Delta refuses the commit."""
-    from delta.exceptions import DeltaConcurrentModificationException
-
+    conflicts = lake_spark.conflict_errors()
     delay = 0.05
     for attempt in range(1, 9):
         try:
             lake_spark.optimize(spark, path)
             return
-        except DeltaConcurrentModificationException as exc:
+        except conflicts as exc:
             if attempt == 8:
                 raise CommitConflictError(
                     f"compacting the files of {name} kept conflicting with another writer after {attempt} attempts ({exc}); rerun `cdc maintain`"

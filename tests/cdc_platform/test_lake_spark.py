@@ -286,3 +286,34 @@ def test_a_delta_rs_lake_keeps_its_exactly_once_state_under_delta_spark(spark: A
     assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("event_id").to_pylist()) == expected
     assert sorted(r["event_id"] for r in lake_spark.read(spark, path).collect()) == expected
     assert lake_spark.file_count(spark, path) == 3
+
+
+@pytest.mark.parametrize("name", lake_spark.CONFLICT_NAMES)
+def test_every_delta_spark_conflict_is_retried(name: str) -> None:
+    """delta-spark's conflict errors are siblings in its Python API (a backfill's schema change raises
+    `MetadataChangedException`, which is no `DeltaConcurrentModificationException`): each one is retried."""
+    from delta.exceptions import base
+
+    error = getattr(base, name)
+    calls: list[int] = []
+
+    def commit() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise error(message="a concurrent update changed the table")
+        return "committed"
+
+    assert lake_spark.with_retries(commit, what="append to customers") == "committed"
+    assert len(calls) == 3
+
+
+def test_a_conflict_that_never_clears_is_one_clear_error() -> None:
+    from delta.exceptions import base
+
+    from cdc_platform.errors import CommitConflictError
+
+    def commit() -> None:
+        raise base.MetadataChangedException(message="The metadata of the Delta table has been changed")
+
+    with pytest.raises(CommitConflictError, match="append to customers: the commit kept conflicting .* after 2 attempts"):
+        lake_spark.with_retries(commit, what="append to customers", attempts=2)
