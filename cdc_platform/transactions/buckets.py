@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,9 @@ PART_SCHEMAS = {
 EVENT_COLUMNS = ("event_id", "transaction_id", "source_name", "table_id", "op", "key", "before", "after", "position",
                  "source_ts", "tx_total_order", "tx_collection_order")
 MARKER_COLUMNS = ("marker_id", "transaction_id", "status", "event_count", "data_collections", "marker_shape", "marker_ts")
+#: Their shapes (as stored in the raw log and the markers), which a group conforms its input to.
+EVENT_INPUT = pa.schema([schemas.RAW_CHANGE_EVENTS.field(n) for n in EVENT_COLUMNS])
+MARKER_INPUT = pa.schema([schemas.TRANSACTION_MARKERS.field(n) for n in MARKER_COLUMNS])
 #: Which input row of a group is an event and which a marker.
 KIND = "_kind"
 EVENT, MARKER = "event", "marker"
@@ -180,8 +183,8 @@ def bucket_parts(ctx: FoldContext, bucket: int, state_rows: pa.Table, arrivals: 
     """One group -> its `PARTS` rows (see the module doc). `arrivals` holds events and markers (`KIND`)."""
     try:
         kind = arrivals.column(KIND) if arrivals.num_rows else pa.array([], pa.string())
-        events = _columns(arrivals.filter(pc.equal(kind, EVENT)), EVENT_COLUMNS, schemas.RAW_CHANGE_EVENTS)
-        markers = _columns(arrivals.filter(pc.equal(kind, MARKER)), MARKER_COLUMNS, schemas.TRANSACTION_MARKERS)
+        events = _conform(arrivals.filter(pc.equal(kind, EVENT)), EVENT_INPUT)
+        markers = _conform(arrivals.filter(pc.equal(kind, MARKER)), MARKER_INPUT)
         result = fold_bucket(ctx, state_rows, events, markers)
     except StageFailure as failure:
         return pa.Table.from_pylist([_row(bucket, FAILURE, info={"message": str(failure)})], schema=PARTS)
@@ -193,12 +196,6 @@ def bucket_parts(ctx: FoldContext, bucket: int, state_rows: pa.Table, arrivals: 
                        (INCOMPLETE_PART, s.incomplete), (LATE_PART, s.late), (CANDIDATES_PART, result.candidates)):
         out += [_row(bucket, part, i, payload) for i, payload in enumerate(chunks(rows))]
     return pa.Table.from_pylist(out, schema=PARTS)
-
-
-def _columns(rows: pa.Table, names: Iterable[str], schema: pa.Schema) -> pa.Table:
-    fields = [schema.field(n) for n in names]
-    arrays = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type) for f in fields]
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def group_function(ctx: FoldContext) -> Callable[[tuple[pa.Scalar, ...], pa.Table, pa.Table], pa.Table]:
@@ -255,7 +252,7 @@ def fold_locally(
         return [table.filter(pc.equal(which, b)) if table.num_rows else table for b in range(buckets)]
 
     results = [
-        fold_bucket(ctx, s, _columns(e, EVENT_COLUMNS, schemas.RAW_CHANGE_EVENTS), _columns(m, MARKER_COLUMNS, schemas.TRANSACTION_MARKERS))
+        fold_bucket(ctx, s, _conform(e, EVENT_INPUT), _conform(m, MARKER_INPUT))
         for s, e, m in zip(split(state_rows), split(tx_events), split(mk_rows))
     ]
     held_back = Blocks.combine([r.blocks for r in results])

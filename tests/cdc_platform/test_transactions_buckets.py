@@ -124,8 +124,8 @@ def state_and_batch() -> tuple[pa.Table, B.FoldContext, pa.Table, pa.Table]:
     items, plain = _split_events(events)
     clocks = advance(held.progress, held.stream_source, batch_clock(items, plain, _conform_markers(markers)))
     ctx = B.FoldContext(clocks=clocks, settings=SETTINGS, batch_id=0, now=NOW)
-    return T.empty_state(), ctx, B._columns(events, B.EVENT_COLUMNS, B.schemas.RAW_CHANGE_EVENTS), \
-        B._columns(markers, B.MARKER_COLUMNS, B.schemas.TRANSACTION_MARKERS)
+    return T.empty_state(), ctx, B._conform(events, B.EVENT_INPUT), \
+        B._conform(markers, B.MARKER_INPUT)
 
 
 def test_an_event_a_bucket_cannot_take_is_set_aside_and_the_rest_settles() -> None:
