@@ -49,6 +49,8 @@ from _common import (
     workload,
 )
 
+from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
+
 _SOURCE_TS = re.compile(r'("name":"payments","ts_ms":)\d{13}')
 _MARKER_TS = re.compile(r'("status":"(?:BEGIN|END)","id":"[^"]*","ts_ms":)\d{13}')
 
@@ -211,7 +213,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000.0, help="change events per second (default 2,000)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the feeder runs (default 60)")
     parser.add_argument("--trigger-interval", default="1 second", help="cdc stream --trigger-interval (default '1 second')")
-    parser.add_argument("--max-files-per-trigger", type=int, default=200)
+    parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER,
+                        help=f"files per micro-batch (default {DEFAULT_MAX_FILES_PER_TRIGGER:,}, the config's)")
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between reader polls (default 0.5)")
     parser.add_argument("--events-per-file", type=int, default=200)
     parser.add_argument("--seed", type=int, default=13)

@@ -39,6 +39,8 @@ from typing import Any
 
 from _common import OUT, REPO, banner, descendants, exit_now, fresh_dir, load_average, say, transactions_for, workload
 
+from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
+
 RUN_DIR = OUT / "scale_out"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -185,7 +187,8 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000, help="at least this many change events (default 1,000,000)")
     parser.add_argument("--seed", type=int, default=11, help="workload seed (default 11, the throughput benchmark's)")
     parser.add_argument("--events-per-file", type=int, default=500)
-    parser.add_argument("--max-files-per-trigger", type=int, default=200, help="files per micro-batch (default 200, the config's)")
+    parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER,
+                        help=f"files per micro-batch (default {DEFAULT_MAX_FILES_PER_TRIGGER:,}, the config's)")
     parser.add_argument("--worker-memory", default="1g", help="memory each worker offers its executor (default 1g)")
     parser.add_argument("--workers", default="1,2", help="cluster sizes to run, in order (default 1,2)")
     parser.add_argument(

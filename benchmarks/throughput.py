@@ -37,8 +37,10 @@ from _common import (
     workload,
 )
 
-#: Files per micro-batch for the benchmark; see benchmarks/README.md for the sweep that chose it.
-DEFAULT_MAX_FILES = 200  # the config default; 1,000 was not faster (benchmarks/README.md)
+from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
+
+#: Files per micro-batch: the config's default, the naive peer's too (benchmarks/README.md has the sweep).
+DEFAULT_MAX_FILES = DEFAULT_MAX_FILES_PER_TRIGGER
 
 
 def run_limit(spark: Any, landing: Path, target: Path) -> float:
