@@ -268,33 +268,14 @@ def run_stage(stage: Stage, batch: ParsedBatch, ctx: BatchContext, write_dead: C
     before the stage commits: a crash in between replays the batch, finds the same events again,
     and the guard of that write refuses the repeat.
     """
-    try:
-        prepared = stage.prepare(batch, ctx)
-    except NOT_ABOUT_EVENTS as exc:
-        raise StageFailure(f"the {stage.name} stage failed on batch {batch.batch_id}: {describe_error(exc)}") from exc
-    except Exception as first:
-        found = isolate(lambda part: stage.prepare(part, ctx), batch, stage=stage.name, failed=first)
-        if not found.failed:
-            raise StageFailure(
-                f"the {stage.name} stage failed on batch {batch.batch_id} as a whole but on no part of it "
-                f"({describe_error(first)}); nothing of the batch was committed by this stage and it replays on restart"
-            ) from first
+    prepared, found = prepare_isolated(lambda part: stage.prepare(part, ctx), batch, stage=stage.name)
+    if found.failed:
         write_dead(poison_rows(batch, found, stage.name), stage.name)
-        events = [i for i in range(batch.events.num_rows) if ("event", i) not in found.failed]
-        markers = [i for i in range(batch.markers.num_rows) if ("marker", i) not in found.failed]
-        rest = batch.subset(events, markers)
-        try:
-            prepared = stage.prepare(rest, ctx)
-        except Exception as exc:
-            raise StageFailure(
-                f"the {stage.name} stage failed on batch {batch.batch_id} even without the {len(found.failed)} event(s) "
-                f"it could not take ({describe_error(exc)}); the batch replays on restart"
-            ) from exc
-        result = _commit(stage, prepared, ctx, batch)
+    result = _commit(stage, prepared, ctx, batch)
+    if found.failed:
         result.figures["isolated_events"] = float(len(found.failed))
         result.figures["isolation_probes"] = float(found.probes)
-        return result
-    return _commit(stage, prepared, ctx, batch)
+    return result
 
 
 def run_spark_stage(stage: SparkStage, batch: SparkBatch, ctx: BatchContext) -> StageResult:
