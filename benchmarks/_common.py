@@ -206,6 +206,62 @@ class MemorySampler:
         }
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float | None:
+    """utime + stime of one process (with `reaped`, plus its children that exited and were waited for), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
+    return ticks / _TICKS
+
+
+@dataclass
+class CpuByRole:
+    """CPU seconds this process tree spends between `start` and `stop`, by role: the driver's Python, the
+    JVM (driver and, in local mode, the executors), and Spark's Python workers (the Arrow functions: the
+    parser, the transaction buckets, the part decoders).
+
+    Two readings of /proc, at the start and at the end. A Python process under the JVM counts with the
+    children it reaped (pyspark's daemon forks the workers and waits for them), so workers that ended in
+    between are counted; one that was alive at the start and ended in between is charged whole.
+    """
+
+    _start: dict[int, float] = field(default_factory=dict)
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        me = os.getpid()
+        found = {me: ("driver python", cpu_seconds(me) or 0.0)}
+        for pid in descendants(me):
+            name = _comm(pid)
+            role = "jvm" if name == "java" else "python workers" if name.startswith("python") else "other"
+            value = cpu_seconds(pid, reaped=role == "python workers")
+            if value is not None:
+                found[pid] = (role, value)
+        return found
+
+    def start(self) -> CpuByRole:
+        self._start = {pid: value for pid, (_, value) in self._read().items()}
+        return self
+
+    def stop(self) -> dict[str, float]:
+        roles: dict[str, float] = {}
+        for pid, (role, value) in self._read().items():
+            roles[role] = roles.get(role, 0.0) + value - self._start.get(pid, 0.0)
+        return roles
+
+
+def cpu_line(cpu: dict[str, float], wall: float) -> str:
+    total = sum(cpu.values())
+    parts = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    return f"CPU seconds: {parts}; total {total:,.1f} = {total / wall:.2f} of {os.cpu_count()} cores over {wall:.1f} s"
+
+
 def memory_line(mem: dict[str, float]) -> str:
     return (
         f"peak memory: driver python {mem['driver_python_peak_mib']:,.0f} MiB (VmHWM), "

@@ -37,23 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, REPO, banner, descendants, exit_now, fresh_dir, load_average, say, transactions_for, workload
+from _common import OUT, REPO, banner, cpu_seconds, descendants, exit_now, fresh_dir, load_average, say, transactions_for, workload
 
 from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
 
 RUN_DIR = OUT / "scale_out"
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """utime + stime of one process (not its children), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 @dataclass
@@ -77,7 +65,7 @@ class CpuSampler:
             group = self.seen.setdefault(name, {})
             for root in roots:
                 for pid in ([root] if self.own_roots else []) + descendants(root):
-                    cpu = _cpu_seconds(pid)
+                    cpu = cpu_seconds(pid)
                     if cpu is not None:
                         group[pid] = max(group.get(pid, 0.0), cpu)
 
@@ -124,7 +112,7 @@ def run_config(w: Any, workers: int, args: argparse.Namespace, label: str) -> di
             wall = time.perf_counter() - t0
             driver_cpu = driver.stop().get("driver", 0.0)
             executor_cpu = executors.stop().get("executors", 0.0)
-        server_cpu = sum(_cpu_seconds(pid) or 0.0 for pid in servers)
+        server_cpu = sum(cpu_seconds(pid) or 0.0 for pid in servers)
         text = log_path.read_text(encoding="utf-8", errors="replace")
         if proc.returncode != 0:
             raise SystemExit(f"[{label}] cdc run failed with {proc.returncode}; log {log_path}:\n{text[-3000:]}")

@@ -25,11 +25,13 @@ from typing import Any
 
 from _common import (
     OUT,
+    CpuByRole,
     MemorySampler,
     banner,
     exit_now,
     fresh_dir,
     load_average,
+    cpu_line,
     memory_line,
     say,
     stage_names,
@@ -320,10 +322,12 @@ def main() -> int:
         f"{', '.join(type(s).__name__ for s in default_stages(config)) or 'none'}); "
         f"max_files_per_trigger={args.max_files_per_trigger}")
     mem = MemorySampler().start()
+    cpu = CpuByRole().start()
     wall0 = time.time()
     t0 = time.perf_counter()
     report = job.run_available_now(spark)
     run_s = time.perf_counter() - t0
+    run_cpu = cpu.stop()
     run_mem = mem.stop()
     landed = report.landed()
     rows = batch_rows(config.lake)
@@ -331,6 +335,7 @@ def main() -> int:
         "seconds": run_s,
         "batches": len(report.batches),
         "memory": run_mem,
+        "cpu_seconds": run_cpu,
         "landed": landed,
         "rows_read": report.total("rows_read"),
         "load": load_average(),
@@ -341,6 +346,7 @@ def main() -> int:
         f"{len(report.batches)} batches  [{load_average()}]"
     )
     say(f"    {memory_line(run_mem)}")
+    say(f"    {cpu_line(run_cpu, run_s)}")
     in_batches = sum(b.seconds for b in report.batches)
     by_stage: dict[str, float] = {}
     for b in report.batches:
