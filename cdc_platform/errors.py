@@ -31,10 +31,18 @@ class CommitConflictError(LakeError):
     """A Delta commit kept conflicting with a concurrent writer after every retry."""
 
 
-def retry_conflicts(action: Callable[[], Any], conflicts: tuple[type[BaseException], ...], *, what: str, attempts: int = 8) -> Any:
+#: What a commit conflict that never clears asks of the user, unless the caller knows better.
+ONE_WRITER = "make sure only one stream writes this lake, then rerun"
+
+
+def retry_conflicts(
+    action: Callable[[], Any], conflicts: tuple[type[BaseException], ...], *, what: str, attempts: int = 8,
+    advice: str = ONE_WRITER,
+) -> Any:
     """Run a Delta commit again after it lost a race to a concurrent writer (a backfill or `cdc maintain`
     beside the stream): optimistic concurrency refuses such a commit whole, so a retry re-reads and
-    redoes it. `conflicts` are the Delta library's own conflict errors (delta-rs's or delta-spark's)."""
+    redoes it. `conflicts` are the Delta library's own conflict errors (delta-rs's or delta-spark's);
+    `advice` is what the error tells the user to do when the conflict never clears."""
     delay = 0.05
     for attempt in range(1, attempts + 1):
         try:
@@ -44,7 +52,7 @@ def retry_conflicts(action: Callable[[], Any], conflicts: tuple[type[BaseExcepti
                 first = (str(exc).splitlines() or [""])[0]
                 raise CommitConflictError(
                     f"{what}: the commit kept conflicting with another writer after {attempts} attempts ({first}); "
-                    "make sure only one stream writes this lake, then rerun (nothing was half-written)"
+                    f"{advice} (nothing was half-written)"
                 ) from exc
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.errors import ONE_WRITER, retry_conflicts
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from delta.tables import DeltaTable
@@ -291,11 +293,9 @@ def conflict_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(base, name) for name in CONFLICT_NAMES)
 
 
-def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8) -> Any:
+def with_retries(action: Callable[[], Any], *, what: str, attempts: int = 8, advice: str = ONE_WRITER) -> Any:
     """`errors.retry_conflicts` for delta-spark's conflicts (`conflict_errors`)."""
-    from cdc_platform.errors import retry_conflicts
-
-    return retry_conflicts(action, conflict_errors(), what=what, attempts=attempts)
+    return retry_conflicts(action, conflict_errors(), what=what, attempts=attempts, advice=advice)
 
 
 def session() -> SparkSession:

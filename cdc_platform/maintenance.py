@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from cdc_platform import lake, lake_spark, latest_state
 from cdc_platform.config import TableConfig
-from cdc_platform.errors import CommitConflictError, LakeError
+from cdc_platform.errors import LakeError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,20 +69,8 @@ class TableMaintenance:
 
 
 def _optimize(spark: SparkSession, path: Path, name: str) -> None:
-    """OPTIMIZE, retried when a concurrent writer (the stream) commits first and Delta refuses the commit."""
-    conflicts = lake_spark.conflict_errors()
-    delay = 0.05
-    for attempt in range(1, 9):
-        try:
-            lake_spark.optimize(spark, path)
-            return
-        except conflicts as exc:
-            if attempt == 8:
-                raise CommitConflictError(
-                    f"compacting the files of {name} kept conflicting with another writer after {attempt} attempts ({exc}); rerun `cdc maintain`"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    """OPTIMIZE, redone when a concurrent writer (the stream) commits first and Delta refuses the commit."""
+    lake_spark.with_retries(lambda: lake_spark.optimize(spark, path), what=f"compacting the files of {name}", advice="rerun `cdc maintain`")
 
 
 def maintain(

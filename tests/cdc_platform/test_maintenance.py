@@ -80,3 +80,32 @@ def test_maintain_needs_a_lake(capsys, monkeypatch, tmp_path) -> None:
     assert main(["maintain"]) == 2
     assert "pass --lake DIR" in capsys.readouterr().err
     assert main(["maintain", "--lake", str(tmp_path / "missing")]) == 2
+
+
+def test_compaction_is_redone_on_a_conflict_and_a_lasting_one_says_to_rerun_cdc_maintain(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """OPTIMIZE racing the stream loses to its commits like any writer: redone, and when it never wins, one line."""
+    import pytest
+    from delta.exceptions import base
+
+    from cdc_platform import errors, maintenance
+    from cdc_platform.errors import CommitConflictError
+
+    monkeypatch.setattr(errors.time, "sleep", lambda _s: None)
+    calls: list[int] = []
+
+    def optimize(spark, path):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) < 3:
+            raise base.ConcurrentAppendException(message="files were added by a concurrent update")
+        return {}
+
+    monkeypatch.setattr(lake_spark, "optimize", optimize)
+    maintenance._optimize(None, tmp_path / "orders", "orders")
+    assert len(calls) == 3
+
+    def never(spark, path):  # type: ignore[no-untyped-def]
+        raise base.ConcurrentAppendException(message="files were added by a concurrent update")
+
+    monkeypatch.setattr(lake_spark, "optimize", never)
+    with pytest.raises(CommitConflictError, match=r"compacting the files of orders: .* after 8 attempts .*; rerun `cdc maintain`"):
+        maintenance._optimize(None, tmp_path / "orders", "orders")
