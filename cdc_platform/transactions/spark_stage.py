@@ -56,7 +56,7 @@ from cdc_platform.transactions.schemas import (
     WATERMARK,
     Settings,
 )
-from cdc_platform.transactions.stage import MAINTENANCE_EVERY, STATE_TOKEN, create_tables, maintain, replay_pending
+from cdc_platform.transactions.stage import STATE_TOKEN, create_tables, held_after_commit, replay_pending
 from cdc_platform.transactions.watermark import CANDIDATES, EVERY_SOURCE, Blocks, _read_sources, _SourceMark
 
 #: A quiet stream asks for idle expiry every poll; between two evaluations (each a Spark job) at least this long.
@@ -231,12 +231,7 @@ class SparkTransactionStage:
         self._cache = None  # until the commit is known to be ours
         state = _decoded(parts, B.STATE, OPEN_TRANSACTIONS_SCHEMA).unionByName(lake_spark.from_arrow(spark, global_rows, OPEN_TRANSACTIONS_SCHEMA))
         _write(state, state_path, None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS), version, "overwrite", token)
-        table = lake.open_table(state_path)
-        history = table.history(1)
-        if history and history[0].get("userMetadata") == token:
-            self._cache = (state_path, table.version(), after)
-        if table.version() % MAINTENANCE_EVERY == 0:
-            self._cache = maintain(config, self._cache)
+        self._cache = held_after_commit(config, state_path, token, after)
         return landed
 
     def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:

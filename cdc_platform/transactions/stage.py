@@ -188,18 +188,8 @@ class TransactionStage:
         token = STATE_TOKEN + uuid.uuid4().hex
         self._cache = None  # until the commit is known to be ours
         _write(spark, state_path, result.state, OPEN_TRANSACTIONS_SCHEMA, app, version, mode="overwrite", metadata=token)
-        table = lake.open_table(state_path)
-        if _latest_commit(table).get("userMetadata") == token:
-            self._cache = (state_path, table.version(), after)
-        if table.version() % MAINTENANCE_EVERY == 0:
-            self._maintain(config)
+        self._cache = held_after_commit(config, state_path, token, after)
         return landed
-
-    def _maintain(self, config: PlatformConfig) -> None:
-        self._cache = maintain(config, self._cache)
-
-    def _replay_pending(self, ctx: BatchContext) -> bool:
-        return replay_pending(ctx)
 
     def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:
         """`cdc stream` received nothing for `idle_seconds`: advance event time by that much and expire what is due."""
@@ -211,7 +201,7 @@ class TransactionStage:
             cached = self._cached(path, lake.open_table(path).version())
             if cached is not None and not cached.has_open:
                 return None
-            if self._replay_pending(ctx):
+            if replay_pending(ctx):
                 return None
             held = self._load(config)
             if not held.has_open:
@@ -231,6 +221,17 @@ def create_tables(config: PlatformConfig) -> None:
     spark = lake_spark.session()
     lake_spark.ensure_tables(spark, [(lake.table_path(config.lake, name), lake_spark.spark_schema(schema), ())
                                      for name, schema in TABLE_SCHEMAS.items()])
+
+
+def held_after_commit(config: PlatformConfig, state_path: Path, token: str, held: Any) -> tuple[Path, int, Any] | None:
+    """What a stage may keep of the state it just committed: `held`, stamped with the new version, when
+    that commit is its own (its `userMetadata` is `token`), else nothing. Every `MAINTENANCE_EVERY`
+    versions the overwritten tables are vacuumed here too (`maintain`)."""
+    table = lake.open_table(state_path)
+    cached = (state_path, table.version(), held) if _latest_commit(table).get("userMetadata") == token else None
+    if table.version() % MAINTENANCE_EVERY == 0:
+        cached = maintain(config, cached)
+    return cached
 
 
 def maintain(config: PlatformConfig, cached: tuple[Path, int, Any] | None) -> tuple[Path, int, Any] | None:
