@@ -39,10 +39,7 @@ from _common import (
     workload,
 )
 
-from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
-
-#: Files per micro-batch: the config's default, the naive peer's too (benchmarks/README.md has the sweep).
-DEFAULT_MAX_FILES = DEFAULT_MAX_FILES_PER_TRIGGER
+from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER  # the naive peer's batch too (benchmarks/README.md has the sweep)
 
 
 def run_limit(spark: Any, landing: Path, target: Path) -> float:
@@ -242,7 +239,8 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000, help="at least this many change events (default 1,000,000)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--events-per-file", type=int, default=500, help="lines per landing file (generator default 500)")
-    parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES, help=f"files per micro-batch (default {DEFAULT_MAX_FILES})")
+    parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER,
+                        help=f"files per micro-batch (default {DEFAULT_MAX_FILES_PER_TRIGGER:,}, the config's)")
     parser.add_argument("--skip-limit", action="store_true", help="measure the pipeline only")
     parser.add_argument("--naive-peer", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the naive peer: foreachBatch + a delta-spark MERGE per table (default on)")
