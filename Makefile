@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The JVM jars Spark loads beside pyspark's (jvm/pom.xml), resolved by mvn; the manifest is the stamp.
 JARS_STAMP := jvm/jars/manifest.json
+# Hadoop's S3A jars (jvm/object-store/pom.xml), for a lake on an object store; apart because of their size.
+OBJECT_STORE_STAMP := jvm/object-store/jars/manifest.json
 
-.PHONY: setup demo test ui serve clean check-java testbed stack stack-status stack-stop
+.PHONY: setup setup-object-store demo test ui serve clean check-java testbed stack stack-status stack-stop
 
 check-java:
 	@$(PYTHON) scripts/check_java.py
@@ -25,11 +27,18 @@ $(JARS_STAMP): jvm/pom.xml scripts/resolve_jars.py $(STAMP)
 
 setup: check-java $(STAMP) $(JARS_STAMP)
 
+$(OBJECT_STORE_STAMP): jvm/object-store/pom.xml scripts/resolve_jars.py $(STAMP)
+	@$(BIN)/python scripts/resolve_jars.py --object-store
+	@touch $@
+
+# Only for a lake on S3 or an S3-compatible store (641 MB of AWS SDK); `make test` needs it for its S3 test.
+setup-object-store: setup $(OBJECT_STORE_STAMP)
+
 demo: setup
 	@$(BIN)/cdc demo
 	@PYTHONWARNINGS=ignore $(BIN)/python -m dagster_project.record --config .cdc-demo/cdc.yaml --home .dagster_home
 
-test: setup
+test: setup setup-object-store
 	@$(BIN)/python -m pytest -q --durations=30 -n 2 --dist loadgroup
 
 ui: setup

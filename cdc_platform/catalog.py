@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdc_platform import lake
@@ -44,6 +43,7 @@ from cdc_platform.views import (
     sampled_types,
     stored_view_name,
 )
+from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 q = lake.quote_identifier
 
 
-def storage_names(lake_dir: Path) -> dict[str, str]:
+def storage_names(lake_dir: LakePath) -> dict[str, str]:
     """Lake directory name -> catalog name of its Delta table: `<name>__stored` for latest-state storage."""
     present = lake.lake_tables(lake_dir)
     stored: set[str] = set()
@@ -70,7 +70,7 @@ def _free_for_view(spark: SparkSession, schema: str, name: str) -> None:
         spark.sql(f"DROP TABLE IF EXISTS {q(schema)}.{q(name)}")
 
 
-def lake_fingerprint(lake_dir: Path) -> str:
+def lake_fingerprint(lake_dir: LakePath) -> str:
     """A digest that changes when the catalog must be registered again.
 
     It covers the registry (tables, keys, masks), the set of table directories, and the schema of every
@@ -94,7 +94,7 @@ def _check_schema(schema: str) -> None:
 
 
 def register_catalog(
-    spark: SparkSession, lake_dir: Path, schema: str, previous: Collection[str] = (), progress: Callable[[str], None] | None = None
+    spark: SparkSession, lake_dir: LakePath, schema: str, previous: Collection[str] = (), progress: Callable[[str], None] | None = None
 ) -> list[str]:
     """Register every table and view of the lake under `schema` in this session's catalog; return the names.
 

@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 
 from cdc_platform import lake
 from cdc_platform.errors import CheckCrashed
+from cdc_platform.storage import LakePath
 
 CHECK_STATE_DIR = "_cdc_checks"
 
@@ -111,14 +112,14 @@ def _as_utc(value: Any) -> dt.datetime | None:
     return None
 
 
-def newest_heartbeat(lake_dir: Path) -> dt.datetime | None:
+def newest_heartbeat(lake_dir: LakePath) -> dt.datetime | None:
     """The newest Debezium heartbeat time the stream recorded (`pipeline_metrics.newest_heartbeat_ts`),
     None without one (no heartbeats, or a lake from before the column: its files have no such statistic)."""
     path = lake.table_path(lake_dir, "pipeline_metrics")
     return _as_utc(column_max(path, "newest_heartbeat_ts")) if lake.exists(path) else None
 
 
-def newest_source_time(lake_dir: Path) -> tuple[dt.datetime | None, dt.datetime | None]:
+def newest_source_time(lake_dir: LakePath) -> tuple[dt.datetime | None, dt.datetime | None]:
     """(newest source change in the raw log, newest heartbeat): how far the source has been read.
 
     A change's commit time says the lake holds the source up to then. So does a heartbeat's: the
@@ -133,7 +134,7 @@ def newest_source_time(lake_dir: Path) -> tuple[dt.datetime | None, dt.datetime 
     return newest_change, newest_heartbeat(lake_dir)
 
 
-def applied_source_time(lake_dir: Path) -> dt.datetime | None:
+def applied_source_time(lake_dir: LakePath) -> dt.datetime | None:
     """How far in source time every stage has applied the raw log: the newest change or heartbeat time of
     a batch whose `pipeline_metrics` row is written. That row is a batch's last commit, after every stage
     took the batch (or dead-lettered what it could not take), so each latest-state table then holds the
@@ -144,7 +145,7 @@ def applied_source_time(lake_dir: Path) -> dt.datetime | None:
     return lake.newest(_as_utc(column_max(path, "newest_source_ts")), _as_utc(column_max(path, "newest_heartbeat_ts")))
 
 
-def table_source_time(lake_dir: Path, name: str, column: str) -> dt.datetime | None:
+def table_source_time(lake_dir: LakePath, name: str, column: str) -> dt.datetime | None:
     """How far in source time a table is current (Dagster's `dagster/last_updated_timestamp`), as
     `freshness` judges it: for the raw log its newest change or a newer heartbeat; for a latest-state
     table its newest `column`, or the time every stage has applied the raw log to (`applied_source_time`)
@@ -155,13 +156,13 @@ def table_source_time(lake_dir: Path, name: str, column: str) -> dt.datetime | N
     return _state_current_to(lake_dir, lake.table_path(lake_dir, name), column)
 
 
-def _state_current_to(lake_dir: Path, path: Path, column: str = "_source_ts") -> dt.datetime | None:
+def _state_current_to(lake_dir: LakePath, path: Path, column: str = "_source_ts") -> dt.datetime | None:
     if not lake.exists(path):
         return None
     return lake.newest(_as_utc(column_max(path, column)), applied_source_time(lake_dir))
 
 
-def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None, latest_state: Path | None = None) -> CheckOutcome:
+def freshness(lake_dir: LakePath, slo_seconds: float, now: dt.datetime | None = None, latest_state: Path | None = None) -> CheckOutcome:
     """Lag from how far the source has been read (its newest change in the raw log, or a newer heartbeat)
     to now, and from the raw log to a latest-state table.
 
@@ -200,20 +201,20 @@ def freshness(lake_dir: Path, slo_seconds: float, now: dt.datetime | None = None
     return CheckOutcome(passed, Severity.ERROR, "; ".join(parts), meta)
 
 
-def _state_file(lake_dir: Path, name: str) -> Path:
+def _state_file(lake_dir: LakePath, name: str) -> Path:
     return lake_dir / CHECK_STATE_DIR / f"{name}.json"
 
 
-def _read_state(lake_dir: Path, name: str) -> dict[str, Any]:
+def _read_state(lake_dir: LakePath, name: str) -> dict[str, Any]:
     path = _state_file(lake_dir, name)
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _write_state(lake_dir: Path, name: str, state: dict[str, Any]) -> None:
+def _write_state(lake_dir: LakePath, name: str, state: dict[str, Any]) -> None:
     lake.write_json_atomic(_state_file(lake_dir, name), state)
 
 
-def new_dead_letters(lake_dir: Path, *, advance: bool = True) -> CheckOutcome:
+def new_dead_letters(lake_dir: LakePath, *, advance: bool = True) -> CheckOutcome:
     """Dead-letter rows added since the previous evaluation (a WARN: the data is kept, a person should look).
 
     The cursor (the `dead_letter` row count last seen) lives in the lake, so it survives a reset of the
@@ -245,7 +246,7 @@ def _recent_reasons(path: Path, newest: int) -> dict[str, int]:
 DEAD_LETTER_SAMPLE_COLUMNS = ("dead_lettered_at", "stage", "reason_code", "reason", "source_file", "table_id")
 
 
-def newest_dead_letters(lake_dir: Path, n: int = 5) -> list[dict[str, Any]]:
+def newest_dead_letters(lake_dir: LakePath, n: int = 5) -> list[dict[str, Any]]:
     """The `n` newest dead-letter rows (newest first), the columns a person needs to act on them."""
     path = lake.table_path(lake_dir, "dead_letter")
     if not path.is_dir():
@@ -254,7 +255,7 @@ def newest_dead_letters(lake_dir: Path, n: int = 5) -> list[dict[str, Any]]:
     return table.sort_by([("dead_lettered_at", "descending")]).slice(0, n).to_pylist()
 
 
-def batches_since(lake_dir: Path, after: dt.datetime | None, limit: int = 100) -> list[dict[str, Any]]:
+def batches_since(lake_dir: LakePath, after: dt.datetime | None, limit: int = 100) -> list[dict[str, Any]]:
     """Micro-batches from `pipeline_metrics` that finished after `after` (the oldest `limit` of them;
     without `after`, the newest `limit`), oldest first, each with its rows per second.
 
@@ -282,7 +283,7 @@ def batches_since(lake_dir: Path, after: dt.datetime | None, limit: int = 100) -
     return rows
 
 
-def unconfigured_tables(lake_dir: Path, configured_sources: set[str]) -> dict[str, int]:
+def unconfigured_tables(lake_dir: LakePath, configured_sources: set[str]) -> dict[str, int]:
     """Source tables seen in the raw log that have no `tables:` entry, with their event counts.
 
     Reads one column through delta-rs (no Spark), so the onboarding sensor stays cheap.
@@ -298,7 +299,7 @@ def unconfigured_tables(lake_dir: Path, configured_sources: set[str]) -> dict[st
 SAMPLE = 10
 
 
-def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
+def coverage(spark: Any, lake_dir: LakePath, table: Any) -> CheckOutcome:
     """Every key whose last raw event (by position) leaves it alive is in the latest state at that
     position, and every live key of the latest state is one of those.
 
@@ -359,7 +360,7 @@ def coverage(spark: Any, lake_dir: Path, table: Any) -> CheckOutcome:
     return CheckOutcome(True, Severity.ERROR, f"{table.name}: all {n_expected:,} live keys of the raw log are in the latest state at their positions", meta)
 
 
-def completeness(spark: Any, lake_dir: Path, timeout_seconds: float, retention_seconds: float | None = None) -> CheckOutcome:
+def completeness(spark: Any, lake_dir: LakePath, timeout_seconds: float, retention_seconds: float | None = None) -> CheckOutcome:
     """Stripe's completeness measure: for every END whose table's stream has moved `timeout_seconds`
     past it, the distinct events landed for that table equal the count END announced; plus transactions
     that expired incomplete, and transactions still open `retention_seconds` (default 5 x timeout)

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cdc_platform import spark_errors
-from cdc_platform.config import PlatformConfig, check_spark_master, load_config
+from cdc_platform.config import PlatformConfig, check_spark_master, lake_from_flag, load_config
 from cdc_platform.errors import CdcError, LakeError, QueryError
+from cdc_platform.storage import LakePath, is_remote
 
 DEMO_DIR = Path(".cdc-demo")
 
@@ -38,13 +39,13 @@ def _config(args: argparse.Namespace) -> PlatformConfig:
     )
 
 
-def _spark(master: str | None = None, announce: bool = True) -> Any:
+def _spark(master: str | None = None, announce: bool = True, object_store: bool = False) -> Any:
     from cdc_platform.session import DEFAULT_MASTER, get_spark, submitted
 
     if announce:
         where = master or ("spark-submit's master" if submitted() else DEFAULT_MASTER)
         _say(f"starting Spark ({where}) ...")
-    spark = get_spark(master=master)
+    spark = get_spark(master=master, object_store=object_store)
     quiet_spark_error_logs(spark)
     return spark
 
@@ -82,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cdc_platform.stage import RAW
 
     config = _config(args)
-    spark = _spark(config.spark_master)
+    spark = _spark(config.spark_master, object_store=config.lake_is_remote)
     job = IngestJob(config, progress=_say)
     report = job.run_available_now(spark)
     landed = report.landed()
@@ -98,7 +99,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from cdc_platform.ingest import IngestJob
 
     config = _config(args)
-    spark = _spark(config.spark_master)
+    spark = _spark(config.spark_master, object_store=config.lake_is_remote)
     job = IngestJob(config, progress=_say)
     interval = args.trigger_interval or config.trigger_interval
     _say(f"streaming {config.describe_source()} -> {config.lake} every {interval}; Ctrl-C to stop")
@@ -149,14 +150,14 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    lake_dir = Path(args.lake).resolve()
+    lake_dir = lake_from_flag(args.lake)
     if not lake_dir.is_dir():  # before Spark starts: saying so costs no JVM
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     if not args.local and _sql_via_server(lake_dir, args):
         return 0
     from cdc_platform.views import register_lake  # here: a query the server answers never loads the lake's readers
 
-    spark = _spark(check_spark_master(args.master), announce=args.format == "table")
+    spark = _spark(check_spark_master(args.master), announce=args.format == "table", object_store=is_remote(lake_dir))
     names = register_lake(spark, lake_dir)
     try:
         df = spark.sql(args.query)
@@ -169,7 +170,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sql_via_server(lake_dir: Path, args: argparse.Namespace) -> bool:
+def _sql_via_server(lake_dir: LakePath, args: argparse.Namespace) -> bool:
     """Run `cdc sql` on the lake's running `cdc serve` (no Spark start, no registering); False: run locally.
 
     A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
@@ -204,7 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from cdc_platform.serve import Server
 
     if args.lake and not args.config and resolve_config_path(None) is None:
-        lake_dir, schema, master = Path(args.lake).resolve(), args.schema or "cdc", check_spark_master(args.master)
+        lake_dir, schema, master = lake_from_flag(args.lake), args.schema or "cdc", check_spark_master(args.master)
     else:
         config = load_config(args.config, lake=args.lake, spark_master=args.master)
         lake_dir, schema, master = config.lake, args.schema or config.catalog.schema, config.spark_master
@@ -285,6 +286,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from cdc_platform.latest_state import rebuild_table
 
     config = _config(args)
+    _spark(config.spark_master, object_store=config.lake_is_remote)
     rebuild_table(config, args.table, progress=_say)
     return 0
 
@@ -298,7 +300,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
     master = check_spark_master(args.master)
     if args.lake and not args.config:
-        lake_dir = Path(args.lake).resolve()
+        lake_dir = lake_from_flag(args.lake)
         tables = registered_tables(lake_dir)  # the lake says which tables are latest-state tables
     elif resolve_config_path(args.config) is not None:
         config = load_config(args.config, lake=args.lake, spark_master=args.master)
@@ -311,7 +313,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     if not lake_dir.is_dir():  # before starting Spark for nothing
         raise LakeError(f"lake directory {lake_dir} does not exist; pass the right --lake")
     _say(f"maintaining {lake_dir} (vacuum keeps files removed less than {args.vacuum_hours:g} hours ago) ...")
-    spark = _spark(master)  # OPTIMIZE and VACUUM run on delta-spark
+    spark = _spark(master, object_store=is_remote(lake_dir))  # OPTIMIZE and VACUUM run on delta-spark
     reports = maintain(spark, lake_dir, tables=tables, vacuum_hours=args.vacuum_hours, progress=print)
     _say(f"done: {len(reports)} tables")
     return 0

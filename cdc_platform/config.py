@@ -20,6 +20,7 @@ import yaml
 
 from cdc_platform.errors import ConfigError
 from cdc_platform.source_connection import SourceConnection, parse_source_connection
+from cdc_platform.storage import LakePath, ObjectStoreConfig, is_url, lake_location, parse_object_store
 
 CONFIG_ENV_VAR = "CDC_CONFIG"
 
@@ -56,6 +57,7 @@ _TOP_KEYS = {
     "source",
     "catalog",
     "source_connection",
+    "object_store",
 }
 _CATALOG_KEYS = {"schema"}
 #: The schema (database) `cdc serve` registers the lake's tables and views under, unless `catalog.schema` says.
@@ -73,7 +75,6 @@ SPARK_MASTER_RE = re.compile(
     r"^(local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
     r"|spark://[A-Za-z0-9.\-\[\]:]+:\d+(,[A-Za-z0-9.\-\[\]:]+:\d+)*|yarn|k8s://\S+)$"
 )
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 SOURCE_KINDS = ("files", "kafka")
 _KAFKA_KEYS = {
@@ -222,9 +223,9 @@ class PlatformConfig:
     """Everything a run needs. Build it with `load_config`; never read the environment elsewhere."""
 
     landing: Path
-    lake: Path
+    lake: LakePath  # a local path, or a UPath on an object store (`s3a://bucket/prefix`, storage.py)
     tables: tuple[TableConfig, ...] = ()
-    checkpoint: Path | None = None
+    checkpoint: LakePath | None = None
     trigger_interval: str = "5 seconds"
     max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER
     transaction_timeout: float = 60.0
@@ -239,9 +240,18 @@ class PlatformConfig:
     source: SourceConfig = field(default_factory=SourceConfig)  # `landing` is not read when it is Kafka
     #: The source database itself, for coverage against the live source; None: that check is not built.
     source_connection: SourceConnection | None = None
+    #: Endpoint, region and addressing of the object store the lake is on (`object_store:`), with the
+    #: credentials the environment gave; unused for a local lake.
+    object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
 
     @property
-    def checkpoint_dir(self) -> Path:
+    def lake_is_remote(self) -> bool:
+        from cdc_platform.storage import is_remote
+
+        return is_remote(self.lake) or is_remote(self.checkpoint)
+
+    @property
+    def checkpoint_dir(self) -> LakePath:
         """The stream's checkpoint lives in the lake so that moving the lake moves its progress.
 
         Each source kind has its own: a checkpoint records one source's offsets (file names or Kafka
@@ -284,6 +294,18 @@ def resolve_config_path(explicit: str | os.PathLike[str] | None, environ: Mappin
     return Path(value) if value else None
 
 
+def lake_from_flag(value: str, environ: Mapping[str, str] | None = None) -> LakePath:
+    """`--lake` given without `--config`: a local folder, or an object-store URL with the `object_store:`
+    settings of the config `CDC_CONFIG` names, if any, else the AWS defaults (and its credentials)."""
+    env = os.environ if environ is None else environ
+    if not is_url(value):
+        return Path(value).resolve()
+    config_path = resolve_config_path(None, env)
+    if config_path is not None:
+        return load_config(config_path, lake=value, environ=env).lake
+    return lake_location(value, parse_object_store(None, "--lake", env), "--lake")
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -310,7 +332,8 @@ def load_config(
         raw = loaded
         base = config_path.resolve().parent
     where = str(config_path) if config_path else "flags"
-    return parse_config(raw, base=base, where=where, landing=landing, lake=lake, spark_master=spark_master, source_file=config_path)
+    return parse_config(raw, base=base, where=where, landing=landing, lake=lake, spark_master=spark_master, source_file=config_path,
+                        environ=os.environ if environ is None else environ)
 
 
 def parse_config(
@@ -322,23 +345,24 @@ def parse_config(
     lake: str | os.PathLike[str] | None = None,
     spark_master: str | None = None,
     source_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> PlatformConfig:
     unknown = sorted(set(raw) - _TOP_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    object_store = parse_object_store(raw.get("object_store"), where, os.environ if environ is None else environ)
 
-    def path_of(key: str, override: str | os.PathLike[str] | None) -> Path | None:
+    def path_of(key: str, override: str | os.PathLike[str] | None, remote_ok: bool = False) -> Any:
         value = raw.get(key) if override is None else os.fspath(override)
         if value is None:
             return None
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: `{key}` must be a path string")
-        if _URL_RE.match(value):  # Path() would quietly make "s3a://b/x" a local folder "s3a:/b/x"
-            raise ConfigError(
-                f"{where}: `{key}` is a URL ({value}); this version reads and writes {key} as a filesystem path (the driver "
-                "commits with delta-rs on local paths), so on a cluster use a path every machine mounts at the same place; "
-                "see the README, 'On a cluster'"
-            )
+        if is_url(value):  # Path() would quietly make "s3a://b/x" a local folder "s3a:/b/x"
+            if not remote_ok:
+                raise ConfigError(f"{where}: `{key}` is a URL ({value}); it must be a path on this machine (only the lake "
+                                  "and its checkpoint may be on an object store)")
+            return lake_location(value, object_store, f"{where}: `{key}`")
         if override is not None:
             return Path(value).resolve()
         p = Path(value)
@@ -346,7 +370,7 @@ def parse_config(
 
     source = parse_source(raw.get("source"), where)
     landing_path = path_of("landing", landing)
-    lake_path = path_of("lake", lake)
+    lake_path = path_of("lake", lake, remote_ok=True)
     if landing_path is None and source.kind == "kafka":
         landing_path = (base / "landing").resolve()  # not read by a Kafka stream; kept so the type stays a Path
     if landing_path is None:
@@ -355,7 +379,7 @@ def parse_config(
         raise ConfigError(f"{where}: no lake directory; set `lake:` in the config or pass --lake DIR")
 
     tables = _parse_tables(raw.get("tables") or {}, where)
-    checkpoint = path_of("checkpoint", None)
+    checkpoint = path_of("checkpoint", None, remote_ok=True)
 
     interval = raw.get("trigger_interval", "5 seconds")
     if isinstance(interval, (int, float)) and not isinstance(interval, bool):
@@ -409,6 +433,7 @@ def parse_config(
         source_file=source_file,
         source=source,
         source_connection=source_connection,
+        object_store=object_store,
     )
 
 

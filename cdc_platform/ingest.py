@@ -28,13 +28,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import lake, lake_spark, parse_spark, schemas, sources
+from cdc_platform import lake, lake_spark, parse_spark, schemas, sources, storage
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError
@@ -54,6 +53,7 @@ from cdc_platform.stage import (
     run_spark_stage,
     run_stage,
 )
+from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -205,7 +205,7 @@ class IngestJob:
         """Create the lake's tables and registry so readers see them before any data lands."""
         cfg = self.config
         spark = spark or _spark()
-        cfg.lake.mkdir(parents=True, exist_ok=True)
+        storage.ensure_dir(cfg.lake)
         # The registry first: a reader that finds a table's directory must already know what it is (`cdc serve`
         # registered a latest-state table it did not know yet as a plain table, then could not make its views).
         lake.write_registry(cfg)
@@ -234,7 +234,7 @@ class IngestJob:
         self.progress(f"onboarded {', '.join(f'{t.source} as {t.name}' for t in added)}: kept from this batch on, without a restart")
         return [t.name for t in added]
 
-    def path(self, name: str) -> Path:
+    def path(self, name: str) -> LakePath:
         return lake.table_path(self.config.lake, name)
 
     # -- one batch ----------------------------------------------------------------------------------
@@ -473,7 +473,7 @@ class IngestJob:
         self.setup(spark)
         self._discard_unfinished_checkpoint_writes()
         writer = self.stream(spark).writeStream.foreachBatch(self.foreach_batch).option(
-            "checkpointLocation", str(self.config.checkpoint_dir)
+            "checkpointLocation", lake_spark.location(self.config.checkpoint_dir)
         ).queryName(f"cdc_ingest_{abs(hash(str(self.config.lake))) % 10**8}")
         if available_now:
             writer = writer.trigger(availableNow=True)

@@ -19,7 +19,6 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdc_platform.config import LAKE_NAME_RE, PlatformConfig, TableConfig
 from cdc_platform.errors import LakeError
+from cdc_platform.storage import LakePath, delta_rs_options, ensure_dir, is_remote
 
 REGISTRY_FILE = "_cdc_registry.json"
 REGISTRY_VERSION = 1
@@ -39,7 +39,7 @@ def newest(*times: dt.datetime | None) -> dt.datetime | None:
     return max((t for t in times if t is not None), default=None)
 
 
-def table_path(lake: Path, name: str) -> Path:
+def table_path(lake: LakePath, name: str) -> LakePath:
     """The directory of a lake table; refuses any name that could escape the lake."""
     if not LAKE_NAME_RE.match(name):
         raise LakeError(f"{name!r} is not a valid lake table name (lower-case letters, digits, _)")
@@ -49,7 +49,9 @@ def table_path(lake: Path, name: str) -> Path:
     return path
 
 
-def exists(path: Path) -> bool:
+def exists(path: LakePath) -> bool:
+    if is_remote(path):  # one listing instead of two: there are no directories to ask about first
+        return DeltaTable.is_deltatable(str(path), storage_options=delta_rs_options(path))
     return (path / _DELTA_LOG).is_dir() and DeltaTable.is_deltatable(str(path))
 
 
@@ -64,7 +66,11 @@ _HANDLES = _Handles()
 _MAX_HANDLES = 64
 
 
-def _log_stamp(path: Path, version: int) -> tuple[int, int] | None:
+def _log_stamp(path: LakePath, version: int) -> tuple[int, int] | None:
+    """None for a table on an object store: a HEAD request per open would cost what the kept handle saves,
+    so those tables are opened afresh each time (no handle is trusted without its stamp)."""
+    if is_remote(path):
+        return None
     try:
         st = (path / "_delta_log" / f"{version:020d}.json").stat()
     except OSError:
@@ -72,7 +78,7 @@ def _log_stamp(path: Path, version: int) -> tuple[int, int] | None:
     return st.st_mtime_ns, st.st_size
 
 
-def open_table(path: Path) -> DeltaTable:
+def open_table(path: LakePath) -> DeltaTable:
     """The table at its latest version, from this thread's handle when there is one.
 
     Opening a table replays its log from the last checkpoint (up to 100 commits); a streaming batch
@@ -97,7 +103,7 @@ def open_table(path: Path) -> DeltaTable:
                 table = None
     if table is None:
         try:
-            table = DeltaTable(key)
+            table = DeltaTable(key, storage_options=delta_rs_options(path))
         except TableNotFoundError as exc:
             _HANDLES.tables.pop(key, None)
             raise LakeError(f"{path} is not a Delta table; run `cdc run` first to create the lake") from exc
@@ -109,10 +115,10 @@ def open_table(path: Path) -> DeltaTable:
     return table
 
 
-def open_snapshot(path: Path, version: int) -> DeltaTable:
+def open_snapshot(path: LakePath, version: int) -> DeltaTable:
     """The table at exactly `version` (a reader's pinned snapshot); the kept handle when it is there."""
     table = open_table(path)
-    return table if table.version() == version else DeltaTable(str(path), version=version)
+    return table if table.version() == version else DeltaTable(str(path), version=version, storage_options=delta_rs_options(path))
 
 
 def app_id(query_id: str, table: str) -> str:
@@ -142,7 +148,7 @@ def scan(
     return data if where is None else data.filter(where)
 
 
-def lake_tables(lake: Path) -> dict[str, Path]:
+def lake_tables(lake: LakePath) -> dict[str, LakePath]:
     """Every Delta table directly under the lake, by name."""
     if not lake.is_dir():
         return {}
@@ -155,9 +161,9 @@ def lake_tables(lake: Path) -> dict[str, Path]:
 
 # --- Registry -------------------------------------------------------------------------------------
 
-def write_registry(config: PlatformConfig, extra: Mapping[str, Any] | None = None) -> Path:
+def write_registry(config: PlatformConfig, extra: Mapping[str, Any] | None = None) -> LakePath:
     """Record what a reader needs to register the lake's tables and views without the config file."""
-    config.lake.mkdir(parents=True, exist_ok=True)
+    ensure_dir(config.lake)
     current = read_registry(config.lake)
     tables = {t["name"]: t for t in current.get("tables", [])}
     for t in config.tables:
@@ -166,8 +172,14 @@ def write_registry(config: PlatformConfig, extra: Mapping[str, Any] | None = Non
     return write_json_atomic(config.lake / REGISTRY_FILE, content)
 
 
-def write_json_atomic(path: Path, content: Any) -> Path:
-    """Write JSON beside the target and rename it over, so a reader never sees half a file."""
+def write_json_atomic(path: LakePath, content: Any) -> LakePath:
+    """Write JSON beside the target and rename it over, so a reader never sees half a file.
+
+    On an object store a PUT is atomic already (a reader sees the old object or the new one), and a
+    rename would be a copy: the file is written in place there."""
+    if is_remote(path):
+        path.write_text(json.dumps(content, indent=2, sort_keys=True), encoding="utf-8")
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -176,7 +188,7 @@ def write_json_atomic(path: Path, content: Any) -> Path:
     return path
 
 
-def read_registry(lake: Path) -> dict[str, Any]:
+def read_registry(lake: LakePath) -> dict[str, Any]:
     path = lake / REGISTRY_FILE
     if not path.is_file():
         return {}
@@ -189,7 +201,7 @@ def read_registry(lake: Path) -> dict[str, Any]:
     return content
 
 
-def registered_tables(lake: Path) -> tuple[TableConfig, ...]:
+def registered_tables(lake: LakePath) -> tuple[TableConfig, ...]:
     return tuple(TableConfig.from_registry(e) for e in read_registry(lake).get("tables", []))
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
+from cdc_platform.storage import LakePath, is_remote, spark_location
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,11 +41,13 @@ PARALLEL_COMMITS = 4
 _VACUUM_LOCK = threading.Lock()
 
 
-def location(path: Path | str) -> str:
-    return str(path)
+def location(path: LakePath | str) -> str:
+    """The path as Spark takes it. A table on an object store first teaches the session its bucket's
+    settings (storage.spark_location), so every Spark access to the lake goes through here."""
+    return spark_location(session(), path) if is_remote(path) else str(path)
 
 
-def read(spark: SparkSession, path: Path | str, version: int | None = None) -> DataFrame:
+def read(spark: SparkSession, path: LakePath | str, version: int | None = None) -> DataFrame:
     """The table's current snapshot, or the one at `version` (time travel, `versionAsOf`).
 
     Without a version the DataFrame follows the table: every query over it (or over a temp view of it)
@@ -57,7 +60,7 @@ def read(spark: SparkSession, path: Path | str, version: int | None = None) -> D
     return reader.load(location(path))
 
 
-def pinned(spark: SparkSession, path: Path | str) -> tuple[int, DataFrame]:
+def pinned(spark: SparkSession, path: LakePath | str) -> tuple[int, DataFrame]:
     """(current version, a DataFrame of exactly that version): a snapshot that later commits do not move."""
     current = version(spark, path)
     return current, read(spark, path, current)
@@ -78,7 +81,7 @@ def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema) -> DataFr
     return spark.createDataFrame(data.select(schema.names).cast(schema), schema=spark_schema(schema))
 
 
-def ensure_table(spark: SparkSession, path: Path | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
+def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
     """Create the table if it does not exist; add the nullable columns `schema` has and an existing table lacks.
 
     The platform's own tables gain columns between versions (the raw log's Kafka origin, say); a lake
@@ -132,13 +135,13 @@ def side_by_side(actions: Sequence[Callable[[], Any]], *, name: str = "cdc-lake"
     return [f.result() for f in futures]
 
 
-def ensure_tables(spark: SparkSession, tables: Sequence[tuple[Path | str, StructType, Sequence[str]]]) -> None:
+def ensure_tables(spark: SparkSession, tables: Sequence[tuple[LakePath | str, StructType, Sequence[str]]]) -> None:
     """`ensure_table` for several tables side by side: a lake's first start creates about a dozen, each
     ~0.2-0.8 s of the driver waiting on its log."""
     side_by_side([lambda t=t: ensure_table(spark, *t) for t in tables], name="cdc-create")
 
 
-def _clear_uncommitted_log(spark: SparkSession, path: Path | str) -> bool:
+def _clear_uncommitted_log(spark: SparkSession, path: LakePath | str) -> bool:
     """Delete the table's `_delta_log` if it holds no commit at all (only folders and hidden temp files).
 
     Anything named like a commit, checksum or checkpoint (a name starting with the 20-digit version, or
@@ -159,7 +162,7 @@ def _clear_uncommitted_log(spark: SparkSession, path: Path | str) -> bool:
     return bool(fs.delete(log, True))
 
 
-def version(spark: SparkSession, path: Path | str) -> int:
+def version(spark: SparkSession, path: LakePath | str) -> int:
     """The table's current version, from Delta's own log handle (`DeltaLog.update()`, through the JVM).
 
     Every registration pins each table by its version, so this is on the path of every `cdc sql` and
@@ -180,7 +183,7 @@ def version(spark: SparkSession, path: Path | str) -> int:
     return current
 
 
-def _log_version(spark: SparkSession, path: Path | str) -> int | None:
+def _log_version(spark: SparkSession, path: LakePath | str) -> int | None:
     from py4j.protocol import Py4JError
 
     try:
@@ -191,7 +194,7 @@ def _log_version(spark: SparkSession, path: Path | str) -> int | None:
         return None
 
 
-def append_once(df: DataFrame, path: Path | str, application: str, batch: int, *, merge_schema: bool = False) -> bool:
+def append_once(df: DataFrame, path: LakePath | str, application: str, batch: int, *, merge_schema: bool = False) -> bool:
     """Append `df` unless this application already committed `batch` (or a later one); True if it wrote.
 
     `merge_schema` adds the columns `df` has and the table lacks in the same commit (a latest-state
@@ -214,7 +217,7 @@ def writer(df: DataFrame, mode: str, application: str | None = None, batch: int 
     return w.option("userMetadata", metadata) if metadata else w
 
 
-def append_version(df: DataFrame, path: Path | str, application: str, batch: int, *, before: int | None = None,
+def append_version(df: DataFrame, path: LakePath | str, application: str, batch: int, *, before: int | None = None,
                    merge_schema: bool = False) -> int | None:
     """`append_once`, returning the table's version after the write, or None when Delta skipped it as
     already committed. `before`, the version the caller read just before, saves reading it again."""
@@ -234,7 +237,7 @@ def needs_column_mapping(names: Sequence[str]) -> bool:
     return any(ch in _NEEDS_MAPPING for name in names for ch in name)
 
 
-def allow_any_column_names(spark: SparkSession, path: Path | str) -> None:
+def allow_any_column_names(spark: SparkSession, path: LakePath | str) -> None:
     """Turn on Delta's column mapping by name for the table, once: source tables may name a column
     `my col` or `x") --`, which Delta refuses in a table without it. An in-place protocol upgrade
     (reader 2, writer 5) of one metadata commit; only tables that meet such a name pay it."""
@@ -249,14 +252,14 @@ def allow_any_column_names(spark: SparkSession, path: Path | str) -> None:
     )
 
 
-def is_table(spark: SparkSession, path: Path | str) -> bool:
+def is_table(spark: SparkSession, path: LakePath | str) -> bool:
     """Whether `path` holds a Delta table (a committed log), without reading it."""
     from delta.tables import DeltaTable
 
     return bool(DeltaTable.isDeltaTable(spark, location(path)))
 
 
-def partition_rows(spark: SparkSession, path: Path | str, column: str) -> dict[Any, int]:
+def partition_rows(spark: SparkSession, path: LakePath | str, column: str) -> dict[Any, int]:
     """Rows per value of partition column `column` in the current snapshot, from its files' statistics
     (`numRecords` in each add action): no data file is opened. A file without statistics counts as
     unknown and is read with a count instead."""
@@ -364,7 +367,7 @@ def footprint_of(row: Mapping[str, Any], prefix: str) -> Footprint:
 
 def insert_new_once(
     df: DataFrame,
-    path: Path | str,
+    path: LakePath | str,
     id_column: str,
     partition_column: str,
     application: str,
@@ -426,12 +429,12 @@ def insert_new_once(
     return rows_written(spark, path, after, application, batch)  # says which commit it could not find
 
 
-def _carries(spark: SparkSession, path: Path | str, at_version: int, application: str, batch: int) -> bool:
+def _carries(spark: SparkSession, path: LakePath | str, at_version: int, application: str, batch: int) -> bool:
     actions = commit_actions(spark, path, at_version)
     return actions is not None and any(a.get("txn", {}).get("appId") == application and a["txn"].get("version") == batch for a in actions)
 
 
-def rows_written(spark: SparkSession, path: Path | str, at_version: int, application: str | None = None, batch: int | None = None) -> int:
+def rows_written(spark: SparkSession, path: LakePath | str, at_version: int, application: str | None = None, batch: int | None = None) -> int:
     """The rows the write committed as `at_version` added, from that commit's own metrics.
 
     Reading the count back from the commit saves counting the rows in a job of their own before the
@@ -466,7 +469,7 @@ def rows_written(spark: SparkSession, path: Path | str, at_version: int, applica
     return int(metrics["numOutputRows"])
 
 
-def commit_metrics(spark: SparkSession, path: Path | str, at_version: int) -> dict[str, str]:
+def commit_metrics(spark: SparkSession, path: LakePath | str, at_version: int) -> dict[str, str]:
     """The `operationMetrics` of the table's commit `at_version` (numDeletedRows, numOutputRows, ...)."""
     actions = commit_actions(spark, path, at_version)
     if actions is None:
@@ -477,7 +480,7 @@ def commit_metrics(spark: SparkSession, path: Path | str, at_version: int) -> di
     return next((dict(a["commitInfo"].get("operationMetrics") or {}) for a in actions if "commitInfo" in a), {})
 
 
-def commit_actions(spark: SparkSession, path: Path | str, at_version: int) -> list[dict[str, Any]] | None:
+def commit_actions(spark: SparkSession, path: LakePath | str, at_version: int) -> list[dict[str, Any]] | None:
     """The actions of the table's commit `at_version` (commitInfo, txn, add, ...), read from its log file
     through Hadoop's file system (so an object-store lake reads the same); None when there is no such file
     (cleaned up after the log retention, or a log store that keeps commits elsewhere)."""
@@ -497,7 +500,7 @@ def commit_actions(spark: SparkSession, path: Path | str, at_version: int) -> li
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def optimize(spark: SparkSession, path: Path | str) -> dict[str, Any]:
+def optimize(spark: SparkSession, path: LakePath | str) -> dict[str, Any]:
     """Compact small files (`OPTIMIZE`); returns Delta's metrics."""
     from delta.tables import DeltaTable
 
@@ -505,7 +508,7 @@ def optimize(spark: SparkSession, path: Path | str) -> dict[str, Any]:
     return result.asDict(recursive=True) if result is not None else {}
 
 
-def vacuum(spark: SparkSession, path: Path | str, retain_hours: float, *, enforce_retention: bool = True) -> int:
+def vacuum(spark: SparkSession, path: LakePath | str, retain_hours: float, *, enforce_retention: bool = True) -> int:
     """Remove files the log no longer references and that are older than `retain_hours` (`VACUUM`).
 
     Returns the files deleted, from the `VACUUM END` commit Delta logs (vacuum logging is switched on
@@ -535,14 +538,14 @@ def vacuum(spark: SparkSession, path: Path | str, retain_hours: float, *, enforc
     return _vacuumed_files(spark, path, before)
 
 
-def _vacuumed_files(spark: SparkSession, path: Path | str, since: int) -> int:
+def _vacuumed_files(spark: SparkSession, path: LakePath | str, since: int) -> int:
     from delta.tables import DeltaTable
 
     entries = DeltaTable.forPath(spark, location(path)).history().where(f"version > {int(since)} AND operation = 'VACUUM END'").collect()
     return sum(int((e["operationMetrics"] or {}).get("numDeletedFiles", 0)) for e in entries)
 
 
-def history(spark: SparkSession, path: Path | str, limit: int | None = None) -> list[dict[str, Any]]:
+def history(spark: SparkSession, path: LakePath | str, limit: int | None = None) -> list[dict[str, Any]]:
     """`DESCRIBE HISTORY`, newest first, each entry a dict (version, operation, operationMetrics, ...)."""
     from delta.tables import DeltaTable
 
@@ -551,12 +554,12 @@ def history(spark: SparkSession, path: Path | str, limit: int | None = None) -> 
     return [r.asDict(recursive=True) for r in rows]
 
 
-def file_count(spark: SparkSession, path: Path | str) -> int:
+def file_count(spark: SparkSession, path: LakePath | str) -> int:
     """Files in the current snapshot (`DESCRIBE DETAIL`), from the log alone."""
     return int(spark.sql(f"DESCRIBE DETAIL delta.`{_path_identifier(path)}`").first()["numFiles"])
 
 
-def _path_identifier(path: Path | str) -> str:
+def _path_identifier(path: LakePath | str) -> str:
     return location(path).replace("`", "``")
 
 

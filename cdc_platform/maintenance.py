@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from cdc_platform import lake, lake_spark, latest_state
 from cdc_platform.config import TableConfig
 from cdc_platform.errors import LakeError
+from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,7 +76,7 @@ def _optimize(spark: SparkSession, path: Path, name: str) -> None:
 
 def maintain(
     spark: SparkSession,
-    lake_dir: Path,
+    lake_dir: LakePath,
     *,
     tables: Sequence[TableConfig] | None = None,
     vacuum_hours: float = DEFAULT_VACUUM_HOURS,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -24,9 +23,10 @@ from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, TableConfig, load_config
 from cdc_platform.errors import CdcError
 from cdc_platform.stage import RAW
+from cdc_platform.storage import LakePath
 
 
-def raw_log_has_rows(lake_dir: Path) -> bool:
+def raw_log_has_rows(lake_dir: LakePath) -> bool:
     """Whether the raw log holds any event (a fresh lake's has none: nothing to build from)."""
     path = lake.table_path(lake_dir, RAW)
     return lake.exists(path) and pa.table(lake.open_table(path).get_add_actions(flatten=True)).num_rows > 0

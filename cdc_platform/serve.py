@@ -37,6 +37,7 @@ from cdc_platform.catalog import lake_fingerprint, register_catalog
 from cdc_platform.errors import ServeError
 from cdc_platform.processes import HOST, port_open
 from cdc_platform.sql_client import ServerInfo, find_server, read_state, state_path
+from cdc_platform.storage import LakePath, is_remote, machine_dir
 
 #: The server's own files (warehouse folder, Hive scratch space), in the lake's private area.
 WORK_DIR = "_serve"
@@ -102,7 +103,7 @@ class Server:
 
     def __init__(
         self,
-        lake_dir: Path,
+        lake_dir: LakePath,
         schema: str,
         *,
         host: str = HOST,
@@ -136,11 +137,12 @@ class Server:
         if running is not None:
             raise ServeError(f"a server (pid {running.pid}) already serves this lake at {running.connect_url}; stop it first (Ctrl-C, or kill {running.pid})")
         check_ports(self.host, {"--connect-port": self.connect_port, "--jdbc-port": self.jdbc_port})
-        work_dir = self.lake_dir / WORK_DIR
+        work_dir = machine_dir(self.lake_dir) / WORK_DIR
         for folder in ("warehouse", "hive-scratch/local", "hive-scratch/resources"):  # Hive logs an error per session without them
             (work_dir / folder).mkdir(parents=True, exist_ok=True)
         self.progress(f"starting Spark ({self.master or 'local[2]'}) with Spark Connect on {self.host}:{self.connect_port} ...")
-        self.spark = get_spark("cdc-serve", master=self.master, conf=server_conf(self.host, self.connect_port, self.jdbc_port, work_dir))
+        self.spark = get_spark("cdc-serve", master=self.master, conf=server_conf(self.host, self.connect_port, self.jdbc_port, work_dir),
+                               object_store=is_remote(self.lake_dir))
         self.refresh(force=True)
         self.progress(f"starting the Thrift JDBC/ODBC server on {self.host}:{self.jdbc_port} ...")
         jvm = self.spark.sparkContext._jvm

@@ -37,6 +37,9 @@ MIN_JAVA = 17
 # Filled by `make setup` (scripts/resolve_jars.py from jvm/pom.xml); the manifest lists the jars to load.
 JARS_DIR = Path(__file__).resolve().parents[1] / "jvm" / "jars"
 JARS_MANIFEST = "manifest.json"
+#: Hadoop's S3A filesystem and the AWS SDK it needs (jvm/object-store/pom.xml, `make setup-object-store`):
+#: loaded only by a session that asks for them, a lake on an object store (storage.py says why).
+OBJECT_STORE_JARS_DIR = JARS_DIR.parents[1] / "jvm" / "object-store" / "jars"
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -74,7 +77,7 @@ def require_java() -> None:
         raise EnvironmentNotReadyError(f"{exe} is Java {major or 'of unknown version'}, older than {MIN_JAVA}. {JAVA_HELP}")
 
 
-def platform_jars(jars_dir: Path | None = None) -> list[Path]:
+def platform_jars(jars_dir: Path | None = None, setup: str = "make setup") -> list[Path]:
     """The jars `make setup` resolved, in the manifest's order; raise with one line when they are not there.
 
     The manifest, not a directory listing, is the list: a stray or half-copied jar in the folder is
@@ -86,14 +89,15 @@ def platform_jars(jars_dir: Path | None = None) -> list[Path]:
         doc = json.loads(manifest.read_text(encoding="utf-8"))
         jars = [folder / entry["file"] for entry in doc["jars"]]
     except (OSError, ValueError, KeyError, TypeError):
-        raise EnvironmentNotReadyError(f"the platform's JVM jars are not in {folder} (no readable {JARS_MANIFEST}): run `make setup`") from None
+        raise EnvironmentNotReadyError(f"the platform's JVM jars are not in {folder} (no readable {JARS_MANIFEST}): run `{setup}`") from None
     missing = [jar.name for jar in jars if not jar.is_file()]
     if missing or not jars:
-        raise EnvironmentNotReadyError(f"{folder} lacks {', '.join(missing) or 'every jar'} listed in its {JARS_MANIFEST}: run `make setup`")
+        raise EnvironmentNotReadyError(f"{folder} lacks {', '.join(missing) or 'every jar'} listed in its {JARS_MANIFEST}: run `{setup}`")
     return jars
 
 
 _SESSION: SparkSession | None = None
+_OBJECT_STORE = False  # whether the running session loaded the object-store jars
 
 #: Start-up settings for a JVM that lives for one short job (a Dagster run: one process, one JVM, then
 #: exit), for `get_spark(conf=...)`. Such a run on a small increment is mostly cold code - class loading,
@@ -124,7 +128,9 @@ def loopback_standalone(master: str) -> bool:
     return all(h in _LOOPBACK_HOSTS for h in hosts)
 
 
-def get_spark(app_name: str = "cdc-platform", master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
+def get_spark(
+    app_name: str = "cdc-platform", master: str | None = None, conf: Mapping[str, str] | None = None, object_store: bool = False
+) -> SparkSession:
     """The process-wide session: UI off, two shuffle partitions, UTC, log noise off, Delta on.
 
     `master` comes from the config (`spark_master`, or `--master`); None means spark-submit's master when
@@ -133,8 +139,9 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None, conf: M
 
     `conf` adds settings for the session's start (e.g. `cdc serve`'s Spark Connect plugin and ports); they
     apply only when this call starts Spark, since a running JVM cannot take start-up settings any more.
+    `object_store` loads Hadoop's S3A jars as well, for a lake on an object store (`storage.is_remote`).
     """
-    global _SESSION
+    global _SESSION, _OBJECT_STORE
     if _SESSION is not None and _SESSION.sparkContext._jsc is not None:  # type: ignore[attr-defined]
         running = _SESSION.sparkContext.master
         if master is not None and master != running:
@@ -142,9 +149,11 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None, conf: M
                 f"this process already runs a Spark session on {running}; a second one on {master} is not possible "
                 "(one SparkContext per process): run the command in a process of its own"
             )
+        if object_store:
+            require_object_store("the lake")
         return _SESSION
     require_java()
-    jars = platform_jars()
+    jars = platform_jars() + (platform_jars(OBJECT_STORE_JARS_DIR, "make setup-object-store") if object_store else [])
     # Executors must run this interpreter (the venv's), not whatever `python3` is first on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -189,7 +198,18 @@ def get_spark(app_name: str = "cdc-platform", master: str | None = None, conf: M
     for key, value in {**DELTA_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     _SESSION = builder.getOrCreate()
+    _OBJECT_STORE = object_store
     return _SESSION
+
+
+def require_object_store(where: str) -> None:
+    """Refuse an object-store path in a session started without the S3A jars, before Hadoop fails on it."""
+    if _SESSION is not None and not _OBJECT_STORE:
+        raise EnvironmentNotReadyError(
+            f"{where} is on an object store, but this process's Spark session was started without Hadoop's S3A jars; "
+            "start it with get_spark(object_store=True) (the CLI and Dagster do so when the config's lake is a URL), "
+            "after `make setup-object-store`"
+        )
 
 
 def stop_spark() -> None:

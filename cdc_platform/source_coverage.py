@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cdc_platform import lake
@@ -37,6 +36,7 @@ from cdc_platform.config import TableConfig
 from cdc_platform.errors import ConfigError
 from cdc_platform.latest_state.layout import RESERVED
 from cdc_platform.source_connection import SourceConnection, SourceRead, read_table
+from cdc_platform.storage import LakePath
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 KINDS = ("missing_in_lake", "different_values", "extra_in_lake")
@@ -144,7 +144,7 @@ class LakeSide:
     rows: dict[Key, dict[str, Any]]
 
 
-def read_lake(spark: Any, lake_dir: Path, table: TableConfig) -> LakeSide:
+def read_lake(spark: Any, lake_dir: LakePath, table: TableConfig) -> LakeSide:
     """The folded latest state (tombstones included, with `_position`), through Spark."""
     from pyspark.sql import functions as F
 
@@ -217,7 +217,7 @@ def _shown(table: TableConfig, values: Sequence[Any]) -> str:
     return json.dumps(dict(zip(table.key, values)), default=str, sort_keys=True)
 
 
-def source_coverage(spark: Any, lake_dir: Path, table: TableConfig, connection: SourceConnection, *,
+def source_coverage(spark: Any, lake_dir: LakePath, table: TableConfig, connection: SourceConnection, *,
                     sleep: Callable[[float], None] = time.sleep) -> CheckOutcome:
     """The latest state of `table` against its live source table (module docstring)."""
     read = read_table(connection, table.source)

@@ -20,6 +20,7 @@ from typing import Any
 
 from cdc_platform.processes import log_tail, pid_alive, port_open
 from cdc_platform.spark_errors import ServerSideError
+from cdc_platform.storage import LakePath, machine_dir
 
 STATE_FILE = "_serve.json"
 #: How long one request to the server may take before the client gives up (the query itself runs
@@ -54,11 +55,11 @@ class ServerUnavailable(Exception):
     """The server could not be used (gone, or no client library installed): the caller runs locally."""
 
 
-def state_path(lake_dir: Path) -> Path:
-    return lake_dir / STATE_FILE
+def state_path(lake_dir: LakePath) -> Path:
+    return machine_dir(lake_dir) / STATE_FILE
 
 
-def read_state(lake_dir: Path) -> ServerInfo | None:
+def read_state(lake_dir: LakePath) -> ServerInfo | None:
     """The state file's server, or None when there is none or it is unreadable (a client then runs locally)."""
     try:
         doc = json.loads(state_path(lake_dir).read_text(encoding="utf-8"))
@@ -67,7 +68,7 @@ def read_state(lake_dir: Path) -> ServerInfo | None:
         return None
 
 
-def wait_for_state(lake_dir: Path, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
+def wait_for_state(lake_dir: LakePath, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
     """The state a `cdc serve` started in another process writes once it is ready (for scripts, tests and
     benchmarks that start one). `exited` is the process's `poll`; ServerUnavailable, with the tail of its
     `log`, when it exits or `timeout` seconds pass first."""
@@ -79,7 +80,7 @@ def wait_for_state(lake_dir: Path, exited: Callable[[], int | None], log: Path, 
     return info
 
 
-def find_server(lake_dir: Path) -> tuple[ServerInfo | None, str | None]:
+def find_server(lake_dir: LakePath) -> tuple[ServerInfo | None, str | None]:
     """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started)."""
     info = read_state(lake_dir)
     if info is None:

@@ -27,12 +27,13 @@ from cdc_platform import transactions as T
 from cdc_platform.config import TableConfig, mask_salt
 from cdc_platform.errors import LakeError
 from cdc_platform.stage import DEAD_LETTER, MARKERS, RAW
+from cdc_platform.storage import LakePath
 from cdc_platform.unavailable import placeholder_forms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
+def register_lake(spark: SparkSession, lake_dir: LakePath) -> list[str]:
     """Register every table and view of the lake in this session; return the names, tables first.
 
     Each table is pinned to its version at registration. Tables are pinned downstream first (the
@@ -52,7 +53,7 @@ def register_lake(spark: SparkSession, lake_dir: Path) -> list[str]:
     return names
 
 
-def register_tables(spark: SparkSession, lake_dir: Path, names: Collection[str]) -> dict[str, int]:
+def register_tables(spark: SparkSession, lake_dir: LakePath, names: Collection[str]) -> dict[str, int]:
     """Register the lake tables `names` (those present) as temp views of their Delta tables, each pinned,
     in `register_lake`'s order; return the pinned versions. For a reader of a few tables (a check), which
     need not pin and plan the whole lake."""
@@ -87,7 +88,7 @@ def _read_rank(name: str) -> tuple[int, str]:
     return (0 if name == T.WATERMARK else 2 if name in _UPSTREAM else 1, name)
 
 
-def sql(spark: SparkSession, lake_dir: Path, query: str) -> DataFrame:
+def sql(spark: SparkSession, lake_dir: LakePath, query: str) -> DataFrame:
     register_lake(spark, lake_dir)
     return spark.sql(query)
 
@@ -326,7 +327,7 @@ def _columns(stored: DataFrame, meta: Iterable[Any]) -> dict[str, bool]:
 
 
 def register_latest_state_views(
-    spark: SparkSession, lake_dir: Path, versions: Mapping[str, int] | None = None, only: Collection[str] | None = None
+    spark: SparkSession, lake_dir: LakePath, versions: Mapping[str, int] | None = None, only: Collection[str] | None = None
 ) -> list[str]:
     """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
     latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
@@ -480,7 +481,7 @@ SELECT {', '.join(outer)} FROM (
 SAMPLE_ROWS = 1000
 
 
-def table_frame(spark: SparkSession, lake_dir: Path, name: str) -> DataFrame:
+def table_frame(spark: SparkSession, lake_dir: LakePath, name: str) -> DataFrame:
     """One lake table as a check reads it: a latest-state table as its folded state (tombstones
     included), any other table as its Delta table. Registers only what that needs (the table's own
     views), not the whole lake: a check of one table should not pin and plan every other."""
@@ -490,7 +491,7 @@ def table_frame(spark: SparkSession, lake_dir: Path, name: str) -> DataFrame:
     return lake_spark.read(spark, lake.table_path(lake_dir, name))
 
 
-def live_rows(spark: SparkSession, lake_dir: Path, names: Collection[str]) -> dict[str, int]:
+def live_rows(spark: SparkSession, lake_dir: LakePath, names: Collection[str]) -> dict[str, int]:
     """Live rows (tombstones excluded) of latest-state tables, counted through their full views in one query."""
     registered = register_latest_state_views(spark, lake_dir, only=set(names))
     present = [n for n in names if f"{n}__full_view" in registered]
@@ -519,7 +520,7 @@ def count_views(spark: SparkSession, names: Collection[str]) -> dict[str, int]:
     return {n: counts[rows_of(n)] for n in names}
 
 
-def register_consistent_views(spark: SparkSession, lake_dir: Path) -> list[str]:
+def register_consistent_views(spark: SparkSession, lake_dir: LakePath) -> list[str]:
     """`<name>__consistent_view` for every configured table, its columns typed as its latest-state table's
     (the `<name>__stored` view `register_latest_state_views` pinned, so the same snapshot the full view reads)."""
     from pyspark.errors import AnalysisException

@@ -13,6 +13,7 @@ from typing import Any
 from dagster import MetadataValue, TableColumn, TableSchema
 
 from cdc_platform import checks, lake
+from cdc_platform.storage import LakePath
 
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"
@@ -86,7 +87,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
     return "\n".join(lines)
 
 
-def dead_letter_sample(lake_dir: Path, n: int = 5) -> MetadataValue:
+def dead_letter_sample(lake_dir: LakePath, n: int = 5) -> MetadataValue:
     rows = checks.newest_dead_letters(lake_dir, n)
     if not rows:
         return MetadataValue.md("No dead letters: every line and event was used.")

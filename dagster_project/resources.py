@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from dagster import ConfigurableResource
 
 from cdc_platform.config import PlatformConfig, load_config
+from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,10 +33,10 @@ class CdcResource(ConfigurableResource):
         from cdc_platform.session import SHORT_LIVED_JVM, get_spark
 
         # A run is one process with its own JVM, gone when the run ends (see SHORT_LIVED_JVM).
-        return get_spark("cdc-dagster", master=self.config.spark_master, conf=SHORT_LIVED_JVM)
+        return get_spark("cdc-dagster", master=self.config.spark_master, conf=SHORT_LIVED_JVM, object_store=self.config.lake_is_remote)
 
     @property
-    def lake(self) -> Path:
+    def lake(self) -> LakePath:
         return self.config.lake
 
     def expectations(self) -> Path | None:

@@ -27,11 +27,13 @@ from importlib import metadata
 from pathlib import Path
 from xml.etree import ElementTree
 
-from cdc_platform.session import JARS_DIR, JARS_MANIFEST
+from cdc_platform.session import JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 POM = REPO / "jvm" / "pom.xml"
-LOG = REPO / "jvm" / "resolve.log"
+#: Hadoop's S3A filesystem, resolved apart (`--object-store`, `make setup-object-store`): see its pom.
+OBJECT_STORE_POM = REPO / "jvm" / "object-store" / "pom.xml"
+LOG_NAME = "resolve.log"  # beside the pom: Maven's whole output of the last resolution
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 # Every Spark module carries this placeholder class; it is no conflict.
 SHARED_CLASS_PREFIXES = ("org/apache/spark/unused/",)
@@ -69,6 +71,17 @@ def check_versions(props: dict[str, str], pyspark_version: str, delta_version: s
     if props.get("delta.version") != delta_version:
         raise SetupError(f"jvm/pom.xml resolves Delta {props.get('delta.version')} but the delta-spark Python package is "
                          f"{delta_version}: pin both to the same version (pyproject.toml and delta.version in the pom)")
+
+
+def check_hadoop(props: dict[str, str], pyspark_jars: Path) -> None:
+    """hadoop-aws must be the Hadoop of pyspark's hadoop-client-api: it is compiled against that hadoop-common."""
+    shipped = sorted(p.name for p in pyspark_jars.glob("hadoop-client-api-*.jar"))
+    version = shipped[0][len("hadoop-client-api-"):-len(".jar")] if shipped else None
+    if version is None:
+        raise SetupError(f"pyspark ships no hadoop-client-api jar in {pyspark_jars}; is pyspark installed in this venv? run `make setup`")
+    if props.get("hadoop.version") != version:
+        raise SetupError(f"jvm/object-store/pom.xml names Hadoop {props.get('hadoop.version')} but pyspark ships Hadoop {version}: "
+                         f"set hadoop.version to {version}")
 
 
 def fingerprint(pom: Path, pyspark_version: str, delta_version: str) -> dict[str, str]:
@@ -162,7 +175,7 @@ def shipped_conflicts(resolved: Path, jar_files: list[str], pyspark_jars: Path) 
 def resolve(pom: Path, jars_dir: Path, wanted: dict[str, str], pyspark_jars: Path) -> list[dict[str, str]]:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise SetupError(f"no `mvn` found, needed to resolve the JVM artifacts in jvm/pom.xml: {MVN_HELP}")
+        raise SetupError(f"no `mvn` found, needed to resolve the JVM artifacts in {shown(pom)}: {MVN_HELP}")
     staging = jars_dir.parent / (jars_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -171,20 +184,21 @@ def resolve(pom: Path, jars_dir: Path, wanted: dict[str, str], pyspark_jars: Pat
            "-DincludeScope=runtime", f"-DoutputDirectory={staging}", f"-DoutputFile={listing}",
            "-DoutputAbsoluteArtifactFilename=true"]
     out = subprocess.run(cmd, capture_output=True, text=True)
-    LOG.write_text(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}", encoding="utf-8")
+    log = pom.parent / LOG_NAME
+    log.write_text(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}", encoding="utf-8")
     if out.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        raise SetupError(f"{refusal_line(out.stdout + out.stderr)}; full output in {shown(LOG)}")
+        raise SetupError(f"{refusal_line(out.stdout + out.stderr)}; full output in {shown(log)}")
     jars = parse_list(listing.read_text(encoding="utf-8"))
     listing.unlink()
     copied = sorted(p.name for p in staging.glob("*.jar"))
     if not jars or sorted(j["file"] for j in jars) != copied:
         shutil.rmtree(staging, ignore_errors=True)
-        raise SetupError(f"Maven's dependency list does not match the jars it copied ({copied}); see {shown(LOG)}")
+        raise SetupError(f"Maven's dependency list does not match the jars it copied ({copied}); see {shown(log)}")
     problems = shipped_conflicts(staging, copied, pyspark_jars)
     if problems:
         shutil.rmtree(staging, ignore_errors=True)
-        raise SetupError(f"jvm/pom.xml resolves jars pyspark already ships: {'; '.join(problems)}; exclude them in the pom")
+        raise SetupError(f"{shown(pom)} resolves jars pyspark already ships: {'; '.join(problems)}; exclude them in the pom")
     (staging / JARS_MANIFEST).write_text(json.dumps({**wanted, "jars": jars}, indent=2) + "\n", encoding="utf-8")
     # Swap the complete folder in: a failed run never leaves a half-filled jvm/jars/ that looks ready.
     old = jars_dir.parent / (jars_dir.name + ".old")
@@ -196,27 +210,32 @@ def resolve(pom: Path, jars_dir: Path, wanted: dict[str, str], pyspark_jars: Pat
     return jars
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import pyspark
 
+    object_store = "--object-store" in (sys.argv[1:] if argv is None else argv)
+    pom, jars_dir = (OBJECT_STORE_POM, OBJECT_STORE_JARS_DIR) if object_store else (POM, JARS_DIR)
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
     try:
         delta_version: str | None = metadata.version("delta-spark")
     except metadata.PackageNotFoundError:
         delta_version = None
     try:
-        props = pom_properties(POM)
-        check_versions(props, pyspark.__version__, delta_version)
-        assert delta_version is not None
-        wanted = fingerprint(POM, pyspark.__version__, delta_version)
-        if up_to_date(JARS_DIR, wanted):
+        props = pom_properties(pom)
+        if object_store:
+            check_hadoop(props, pyspark_jars)
+        else:
+            check_versions(props, pyspark.__version__, delta_version)
+        wanted = fingerprint(pom, pyspark.__version__, delta_version or "")
+        if up_to_date(jars_dir, wanted):
             return 0
         start = time.monotonic()
-        print(f"resolving jvm/pom.xml with mvn into {shown(JARS_DIR)}/ ...", file=sys.stderr)
-        jars = resolve(POM, JARS_DIR, wanted, Path(pyspark.__file__).parent / "jars")
+        print(f"resolving {shown(pom)} with mvn into {shown(jars_dir)}/ ...", file=sys.stderr)
+        jars = resolve(pom, jars_dir, wanted, pyspark_jars)
     except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{len(jars)} jars in {shown(JARS_DIR)}/ ({time.monotonic() - start:.0f} s): "
+    print(f"{len(jars)} jars in {shown(jars_dir)}/ ({time.monotonic() - start:.0f} s): "
           + ", ".join(j["coordinates"] for j in jars), file=sys.stderr)
     return 0
 

@@ -31,7 +31,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 #: Session fixtures that start servers: under pytest-xdist (`make test` runs two workers) every test that uses
 #: one runs in the same worker, so each server starts once per suite, not once per worker.
-_SERVER_FIXTURES = ("testbed", "spark_cluster")
+_SERVER_FIXTURES = ("testbed", "spark_cluster", "s3_server")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the group marks to name the groups
@@ -62,9 +62,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def spark() -> Iterator[Any]:
     from cdc_platform.session import get_spark, stop_spark
 
-    session = get_spark("cdc-platform-tests")
+    # With Hadoop's S3A jars (`make test` resolves them): the object-store lake's tests share this session.
+    session = get_spark("cdc-platform-tests", object_store=True)
     yield session
     stop_spark()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """An S3-compatible server (moto's) on a loopback port chosen at run time, for lakes at s3a:// URLs."""
+    from cdc_platform.testbed.object_store import S3Server
+
+    with S3Server.start(tmp_path_factory.mktemp("s3")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ from cdc_platform.latest_state.rows import (
 )
 from cdc_platform.latest_state.writing import _evolved, accept_names, ensure_tables, layer_rows, stored_lookup, stored_schema, table_specs, widen
 from cdc_platform.stage import BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows
+from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -237,7 +238,7 @@ class LatestStateStage:
         plans = {r["table_id"]: _Plan(r["part"], r["payload"], json.loads(r["info"] or "{}")) for r in small}
         return _Staged([(set(plans), staged, events)]), plans
 
-    def _commit_part(self, spark: SparkSession, lake_dir: Path, table: TableConfig, plan: _Plan, frame: tuple[DataFrame, DataFrame],
+    def _commit_part(self, spark: SparkSession, lake_dir: LakePath, table: TableConfig, plan: _Plan, frame: tuple[DataFrame, DataFrame],
                      ctx: BatchContext, part: str) -> TableApply:
         """Append one table's staged rows (`STATE`, then maybe compact) or its history rows (`HISTORY`) exactly
         once, widening first if a column widened. The two are separate tables, committed side by side."""
@@ -355,7 +356,7 @@ def _table_in(inputs: Collection[str]) -> Any:
     return F.col("table_id").isin(sorted(inputs))
 
 
-def _table_input(spark: SparkSession, lake_dir: Path, table: TableConfig) -> staging.TableInput:
+def _table_input(spark: SparkSession, lake_dir: LakePath, table: TableConfig) -> staging.TableInput:
     path = lake.table_path(lake_dir, table.name)
     current = stored_schema(spark, path) or state_schema({})
     hcurrent = stored_schema(spark, lake.table_path(lake_dir, table.history_name)) if table.history else None
@@ -366,7 +367,7 @@ def _with_lookup(given: staging.TableInput, found: staging.Stored) -> staging.Ta
     return staging.TableInput(table=given.table, state_schema=given.state_schema, history_schema=given.history_schema, lookup=found)
 
 
-def apply_table(spark: SparkSession, lake_dir: Path, table: TableConfig, events: Events, *, ctx: BatchContext,
+def apply_table(spark: SparkSession, lake_dir: LakePath, table: TableConfig, events: Events, *, ctx: BatchContext,
                 stage: LatestStateStage) -> TableApply:
     """Prepare one table's events in the driver and commit them with delta-spark (backfills, which hold
     their snapshot in the driver already and isolate nothing)."""

@@ -21,13 +21,14 @@ from cdc_platform import lake, lake_spark, ordering
 from cdc_platform.config import TableConfig
 from cdc_platform.latest_state.layout import BASE, DELTA, HISTORY_META, LAYER, META_FIELDS
 from cdc_platform.latest_state.rows import source_columns
+from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 
-def table_specs(lake_dir: Path, table: TableConfig) -> list[tuple[Path, StructType, list[str]]]:
+def table_specs(lake_dir: LakePath, table: TableConfig) -> list[tuple[Path, StructType, list[str]]]:
     """`<name>` (and `<name>_history`) with metadata columns only, for `lake_spark.ensure_tables`; source
     columns come with data."""
     specs = [(lake.table_path(lake_dir, table.name), lake_spark.spark_schema(pa.schema(list(META_FIELDS))), [LAYER])]
@@ -36,7 +37,7 @@ def table_specs(lake_dir: Path, table: TableConfig) -> list[tuple[Path, StructTy
     return specs
 
 
-def ensure_tables(spark: SparkSession, lake_dir: Path, table: TableConfig) -> None:
+def ensure_tables(spark: SparkSession, lake_dir: LakePath, table: TableConfig) -> None:
     """Create `<name>` (and `<name>_history`) if absent (`table_specs`)."""
     lake_spark.ensure_tables(spark, table_specs(lake_dir, table))
 

@@ -73,8 +73,12 @@ def test_flags_override_the_file_and_the_env_var_names_the_file(tmp_path: Path) 
         ("landing: [\n", "not valid YAML"),
         ("landing: l\nlake: k\nspark_master: spark:/host:7077\n", "`spark_master` must be a Spark master URL"),
         ("landing: l\nlake: k\nspark_master: spark://host\n", "`spark_master` must be a Spark master URL"),
-        ("landing: l\nlake: s3a://bucket/lake\n", "`lake` is a URL (s3a://bucket/lake)"),
-        ("landing: s3://bucket/landing\nlake: k\n", "`landing` is a URL"),
+        ("landing: l\nlake: gs://bucket/lake\n", "on `gs://`; a lake is a local path or on S3"),
+        ("landing: l\nlake: s3a://B_ad/lake\n", "does not start with a valid bucket name"),
+        ("landing: s3://bucket/landing\nlake: k\n", "`landing` is a URL (s3://bucket/landing); it must be a path on this machine"),
+        ("landing: l\nlake: k\nobject_store: {endpoint: 127.0.0.1:9000}\n", "`object_store.endpoint` must be an http(s)://host[:port] URL"),
+        ("landing: l\nlake: k\nobject_store: {secret_key: x}\n", "credentials come from AWS_ACCESS_KEY_ID"),
+        ("landing: l\nlake: k\nobject_store: {path_style_access: yes please}\n", "must be true or false"),
     ],
 )
 def test_rejections_name_the_offending_entry(tmp_path: Path, text: str, message: str) -> None:
@@ -95,5 +99,36 @@ def test_spark_master_comes_from_the_file_and_the_flag_wins(tmp_path: Path) -> N
     assert load_config(path, spark_master="local[4]").spark_master == "local[4]"
     with pytest.raises(ConfigError, match="--master must be a Spark master URL"):
         load_config(path, spark_master="spark//x:1")
-    with pytest.raises(ConfigError, match="`lake` is a URL"):
-        load_config(path, lake="s3a://bucket/lake")
+    with pytest.raises(ConfigError, match="on `abfss://`"):
+        load_config(path, lake="abfss://c@acct.dfs.core.windows.net/lake")
+
+
+def test_a_lake_on_an_object_store_carries_the_store_settings_to_every_client(tmp_path: Path) -> None:
+    from upath import UPath
+
+    from cdc_platform import storage
+
+    text = "landing: l\nlake: s3://lakes/prod/cdc/\nobject_store: {endpoint: 'http://127.0.0.1:9000/', region: eu-west-1, path_style_access: true}\n"
+    env = {"AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    config = load_config(write(tmp_path, text), environ=env)
+    assert isinstance(config.lake, UPath) and str(config.lake) == "s3a://lakes/prod/cdc"  # Hadoop's scheme, no trailing /
+    assert config.lake_is_remote and not isinstance(config.landing, UPath)
+    assert "s3cr3t" not in repr(config.object_store)
+    table = config.lake / "orders"  # a table path keeps the store's settings: no module needs the config to reach it
+    assert storage.delta_rs_options(table) == {
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+    }
+    hadoop = storage.hadoop_options(table)
+    assert hadoop["fs.s3a.bucket.lakes.endpoint"] == "http://127.0.0.1:9000"
+    assert hadoop["fs.s3a.bucket.lakes.path.style.access"] == "true"
+    assert hadoop["fs.s3a.bucket.lakes.connection.ssl.enabled"] == "false"
+    assert hadoop["fs.s3a.bucket.lakes.aws.credentials.provider"].endswith("SimpleAWSCredentialsProvider")
+    assert str(config.checkpoint_dir) == "s3a://lakes/prod/cdc/_checkpoints/ingest"
+    assert storage.delta_rs_options(config.landing) is None
+
+    # Without credentials each client keeps its own default chain (instance profile, ~/.aws): none is forced.
+    plain = load_config(write(tmp_path, "landing: l\nlake: s3a://lakes/x\n"), environ={})
+    assert storage.hadoop_options(plain.lake) == {"fs.s3a.bucket.lakes.path.style.access": "false"}
+    with pytest.raises(ConfigError, match="set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        load_config(write(tmp_path, "landing: l\nlake: s3a://lakes/x\n"), environ={"AWS_ACCESS_KEY_ID": "AKIA1"})

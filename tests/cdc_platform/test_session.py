@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from cdc_platform.errors import EnvironmentNotReadyError
-from cdc_platform.session import DELTA_CONF, JARS_DIR, JARS_MANIFEST, platform_jars
+from cdc_platform.session import DELTA_CONF, JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR, platform_jars
 
 
 def test_session_loads_the_manifest_jars_and_enables_delta(spark: Any) -> None:
     conf = spark.sparkContext.getConf()
     loaded = conf.get("spark.jars").split(",")
-    assert loaded == [str(jar) for jar in platform_jars()]
+    # The suite's session also loads Hadoop's S3A jars, after the platform's (a lake on an object store)
+    assert loaded == [str(jar) for jar in platform_jars() + platform_jars(OBJECT_STORE_JARS_DIR)]
     assert {Path(jar).name.rsplit("-", 1)[0] for jar in loaded} >= {
         "delta-spark_4.1_2.13", "delta-storage", "spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
         "kafka-clients", "commons-pool2"}

@@ -343,9 +343,11 @@ def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: 
     from dagster_project.resources import CdcResource
 
     asked: dict[str, Any] = {}
-    monkeypatch.setattr(session, "get_spark", lambda app_name, master=None, conf=None: asked.update(app=app_name, conf=conf))
+    monkeypatch.setattr(session, "get_spark", lambda app_name, master=None, conf=None, object_store=False:
+                        asked.update(app=app_name, conf=conf, object_store=object_store))
     CdcResource(config_path=str(generate_workload(tmp_path / "w", transactions=5).config_path)).spark()
     assert asked["conf"] == session.SHORT_LIVED_JVM
+    assert asked["object_store"] is False  # a local lake: no S3A jars
     options = session.SHORT_LIVED_JVM["spark.driver.extraJavaOptions"].split()
     assert "-XX:TieredStopAtLevel=1" in options
     assert "-XX:ReservedCodeCacheSize=240m" in options  # C1 alone reserves 48 MB, which a run filled (compiler off)

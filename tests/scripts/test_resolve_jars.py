@@ -74,3 +74,16 @@ def test_a_jar_pyspark_already_ships_is_refused(rj: ModuleType, tmp_path: Path) 
     problems = rj.shipped_conflicts(resolved, sorted(p.name for p in resolved.iterdir()), shipped)
     assert problems == ["jackson-core-2.13.5.jar (pyspark ships jackson-core-2.21.2.jar)",
                         "shaded-thing-1.0.jar (class com/fasterxml/jackson/core/JsonParser.class is also in jackson-core-2.21.2.jar)"]
+
+
+def test_the_object_store_pom_must_name_the_hadoop_of_pyspark(rj: ModuleType, tmp_path: Path) -> None:
+    """hadoop-aws is compiled against one hadoop-common: pyspark's (hadoop-client-api), or S3A fails at run time."""
+    import pyspark
+
+    shipped = Path(pyspark.__file__).parent / "jars"
+    props = rj.pom_properties(rj.OBJECT_STORE_POM)
+    rj.check_hadoop(props, shipped)  # the pom in the repository agrees with the pyspark installed
+    with pytest.raises(rj.SetupError, match=r"names Hadoop 3\.3\.6 but pyspark ships Hadoop 3\.\d+\.\d+: set hadoop.version"):
+        rj.check_hadoop({**props, "hadoop.version": "3.3.6"}, shipped)
+    with pytest.raises(rj.SetupError, match="ships no hadoop-client-api jar"):
+        rj.check_hadoop(props, tmp_path)

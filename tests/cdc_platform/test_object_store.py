@@ -1,0 +1,94 @@
+"""A lake on an object store: `cdc run` into `s3a://bucket/prefix` on an S3-compatible server builds the lake a
+local run builds, and every reader (Spark's views, delta-rs's statistics and checks, the registry, the CLI)
+works on it.
+
+The server is moto's (session fixture `s3_server`, a process of its own on a loopback port); the lake's
+settings come from `object_store:` in the config and the credentials from the environment, as a user's would.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from upath import UPath
+
+from cdc_platform import checks, lake, lake_spark, session, storage
+from cdc_platform.cli import main
+from cdc_platform.config import load_config
+from cdc_platform.errors import EnvironmentNotReadyError
+from cdc_platform.ingest import IngestJob
+from cdc_platform.stage import RAW
+from tests.cdc_platform.test_cluster import build_input, lake_contents
+
+
+def s3_config(tmp_path: Path, peer: dict[str, Path], s3: Any) -> tuple[Path, str]:
+    config_path = build_input(tmp_path, peer)
+    doc = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    doc["object_store"] = s3.object_store()
+    config_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    bucket = f"lake-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(bucket)
+    return config_path, f"s3a://{bucket}/warehouse/cdc"
+
+
+def test_cdc_run_into_an_s3_lake_builds_the_local_lake_and_every_reader_works_on_it(
+    tmp_path: Path, spark: Any, s3_server: Any, peer_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config_path, url = s3_config(tmp_path, peer_files, s3_server)
+    remote = load_config(config_path, lake=url, environ=s3_server.environ())
+    local = load_config(config_path, lake=tmp_path / "lake-local", environ={})
+    assert isinstance(remote.lake, UPath) and remote.lake_is_remote
+
+    first = IngestJob(remote).run_available_now(spark)
+    IngestJob(local).run_available_now(spark)
+    assert len(first.batches) > 1 and first.landed().get(RAW, 0) > 0
+
+    # The stream's checkpoint is in the bucket too: a second run reads nothing new and lands nothing.
+    again = IngestJob(remote).run_available_now(spark)
+    assert again.total("rows_read") == 0 and sum(again.landed().values()) == 0
+    assert (remote.lake / "_checkpoints" / "ingest" / "metadata").is_file()
+
+    local_rows, local_totals = lake_contents(spark, local.lake)
+    remote_rows, remote_totals = lake_contents(spark, remote.lake)
+    assert sorted(remote_rows) == sorted(local_rows)
+    assert {"customers__full_view", "products__full_view", "raw_change_events", "dead_letter"} <= set(local_rows)
+    differences = {name: (sum((rows - remote_rows[name]).values()), sum((remote_rows[name] - rows).values()))
+                   for name, rows in local_rows.items() if remote_rows[name] != rows}
+    assert differences == {}
+    assert remote_totals == local_totals
+
+    # The driver's own reads (delta-rs and fsspec) on the bucket.
+    assert sorted(lake.lake_tables(remote.lake)) == sorted(lake.lake_tables(local.lake))
+    assert lake.registered_tables(remote.lake) == lake.registered_tables(local.lake)
+    raw_stats = checks.table_stats(lake.table_path(remote.lake, RAW))
+    assert raw_stats.rows == checks.table_stats(lake.table_path(local.lake, RAW)).rows > 0
+    assert lake.exists(lake.table_path(remote.lake, RAW)) and not lake.exists(lake.table_path(remote.lake, "nothing_here"))
+    for check in (lambda d: checks.completeness(spark, d, remote.transaction_timeout),
+                  lambda d: checks.freshness(d, slo_seconds=10**9),
+                  lambda d: checks.new_dead_letters(d, advance=False)):
+        on_s3, on_disk = check(remote.lake), check(local.lake)
+        assert (on_s3.passed, on_s3.description) == (on_disk.passed, on_disk.description)
+
+    # `cdc sql --lake s3a://...`: the object store's settings from CDC_CONFIG's file, credentials from the environment.
+    monkeypatch.setenv("CDC_CONFIG", str(config_path))
+    for name, value in s3_server.environ().items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    assert main(["sql", "--lake", url, "--local", "--format", "csv", "SELECT count(*) AS n FROM customers__full_view"]) == 0
+    assert capsys.readouterr().out.split() == ["n", str(sum(local_rows["customers__full_view"].values()))]
+
+
+def test_an_object_store_path_in_a_session_without_the_s3a_jars_says_what_to_do(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    table = storage.lake_location("s3a://some-bucket/lake", storage.ObjectStoreConfig(), "lake") / "raw_change_events"
+    monkeypatch.setattr(session, "_OBJECT_STORE", False)
+    with pytest.raises(EnvironmentNotReadyError, match="started without Hadoop's S3A jars.*make setup-object-store"):
+        lake_spark.location(table)
+    with pytest.raises(EnvironmentNotReadyError, match="run `make setup-object-store`"):
+        session.platform_jars(tmp_path / "object-store" / "jars", "make setup-object-store")
