@@ -29,6 +29,7 @@ def s3_config(tmp_path: Path, peer: dict[str, Path], s3: Any) -> tuple[Path, str
     config_path = build_input(tmp_path, peer)
     doc = yaml.safe_load(config_path.read_text(encoding="utf-8"))
     doc["object_store"] = s3.object_store()
+    doc["max_files_per_trigger"] = 16  # two batches: enough for a second batch's commits on S3, fewer fixed costs than the cluster test's
     config_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     bucket = f"lake-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(bucket)
@@ -81,6 +82,14 @@ def test_cdc_run_into_an_s3_lake_builds_the_local_lake_and_every_reader_works_on
     capsys.readouterr()
     assert main(["sql", "--lake", url, "--local", "--format", "csv", "SELECT count(*) AS n FROM customers__full_view"]) == 0
     assert capsys.readouterr().out.split() == ["n", str(sum(local_rows["customers__full_view"].values()))]
+
+    # `cdc maintain --lake s3a://...`: folds, OPTIMIZE and VACUUM through S3A; fewer files, the same rows.
+    raw = lake.table_path(remote.lake, RAW)
+    files = lake_spark.file_count(spark, raw)
+    assert main(["maintain", "--lake", url, "--vacuum-hours", "0"]) == 0
+    assert lake_spark.file_count(spark, raw) < files
+    assert [h["operation"] for h in lake_spark.history(spark, raw, 3)] == ["VACUUM END", "VACUUM START", "OPTIMIZE"]
+    assert lake_contents(spark, remote.lake)[0] == remote_rows
 
 
 def test_an_object_store_path_in_a_session_without_the_s3a_jars_says_what_to_do(
