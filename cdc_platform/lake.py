@@ -150,6 +150,9 @@ def scan(
 
 def lake_tables(lake: LakePath) -> dict[str, LakePath]:
     """Every Delta table directly under the lake, by name."""
+    if is_remote(lake):  # one listing of `*/_delta_log` instead of two requests per entry
+        logs = lake.glob(f"*/{_DELTA_LOG}")
+        return {log.parent.name: log.parent for log in sorted(logs, key=str) if not log.parent.name.startswith(("_", "."))}
     if not lake.is_dir():
         return {}
     found = {}

@@ -185,7 +185,7 @@ def hadoop_options(path: UPath) -> dict[str, str]:
     return options
 
 
-_CONFIGURED: dict[tuple[int, str], dict[str, str]] = {}
+_CONFIGURED: dict[tuple[str, str], dict[str, str]] = {}
 _LOCK = threading.Lock()
 
 
@@ -204,7 +204,8 @@ def spark_location(spark: SparkSession | None, path: LakePath | str) -> str:
 
         require_object_store(str(path))
         options = hadoop_options(path)
-        key = (id(spark.sparkContext), bucket_of(path))
+        # By application, not id(): a stopped session's id may be reused by the next one, which must learn the options again.
+        key = (spark.sparkContext.applicationId, bucket_of(path))
         with _LOCK:
             if _CONFIGURED.get(key) != options:
                 conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
