@@ -20,6 +20,7 @@ bundle is 641 MB, and a standalone cluster would copy it to every executor.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 import threading
 from collections.abc import Mapping
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from upath import UPath
 
-from cdc_platform.errors import ConfigError
+from cdc_platform.errors import ConfigError, EnvironmentNotReadyError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -99,6 +100,11 @@ def lake_location(url: str, store: ObjectStoreConfig, what: str) -> UPath:
     bucket = rest.split("/", 1)[0]
     if not _BUCKET_RE.match(bucket):
         raise ConfigError(f"{what}: {url} does not start with a valid bucket name (s3a://bucket/prefix)")
+    if importlib.util.find_spec("s3fs") is None:  # else fsspec fails at the first file, far from the cause
+        raise EnvironmentNotReadyError(
+            f"{what}: a lake on S3 needs fsspec's S3 filesystem for the driver's files: pip install 'cdc-platform[object-store]' "
+            "(s3fs), and `make setup-object-store` for Spark's side"
+        )
     options: dict[str, Any] = {}
     if store.access_key is not None:
         options.update(key=store.access_key, secret=store.secret_key)

@@ -132,3 +132,15 @@ def test_a_lake_on_an_object_store_carries_the_store_settings_to_every_client(tm
     assert storage.hadoop_options(plain.lake) == {"fs.s3a.bucket.lakes.path.style.access": "false"}
     with pytest.raises(ConfigError, match="set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         load_config(write(tmp_path, "landing: l\nlake: s3a://lakes/x\n"), environ={"AWS_ACCESS_KEY_ID": "AKIA1"})
+
+
+def test_a_lake_on_s3_without_s3fs_says_which_extra_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from cdc_platform.errors import EnvironmentNotReadyError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "s3fs" else real(name, *a))
+    with pytest.raises(EnvironmentNotReadyError, match=r"pip install 'cdc-platform\[object-store\]'"):
+        load_config(write(tmp_path, "landing: l\nlake: s3a://lakes/x\n"), environ={})
+    assert load_config(write(tmp_path, "landing: l\nlake: k\n"), environ={}).lake == (tmp_path / "conf" / "k").resolve()  # a local lake never asks
