@@ -34,8 +34,10 @@ from cdc_platform import latest_state as LS
 from cdc_platform import transactions as T
 from cdc_platform.config import CATALOG_SCHEMA_RE, mask_salt
 from cdc_platform.errors import ConfigError, LakeError
+from cdc_platform.lake_spark import location as location_of
 from cdc_platform.lake_spark import sql_string
 from cdc_platform.stage import DEAD_LETTER, RAW
+from cdc_platform.storage import LakePath
 from cdc_platform.views import (
     consistent_view_sql,
     history_sql,
@@ -43,7 +45,6 @@ from cdc_platform.views import (
     sampled_types,
     stored_view_name,
 )
-from cdc_platform.storage import LakePath
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -114,7 +115,7 @@ def register_catalog(
     present = lake.lake_tables(lake_dir)
     names: list[str] = []
     for directory, name in storage_names(lake_dir).items():
-        location = sql_string(str(present[directory]))
+        location = sql_string(location_of(present[directory]))  # a bucket's S3A options are set on the way
         spark.sql(f"CREATE TABLE IF NOT EXISTS {q(schema)}.{q(name)} USING delta LOCATION {location}")
         names.append(name)
     views: list[tuple[str, str]] = []

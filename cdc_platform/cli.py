@@ -203,6 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from cdc_platform.config import check_catalog_schema, resolve_config_path
     from cdc_platform.serve import Server
+    from cdc_platform.sql_client import state_path
 
     if args.lake and not args.config and resolve_config_path(None) is None:
         lake_dir, schema, master = lake_from_flag(args.lake), args.schema or "cdc", check_spark_master(args.master)
@@ -218,7 +219,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         info = server.start()
         quiet_spark_error_logs(server.spark)
         _say(f"serving {lake_dir} as schema `{schema}`; Ctrl-C to stop")
-        print(f"spark connect: {info.connect_url}\njdbc: {info.jdbc_url}\nstate file: {lake_dir / '_serve.json'}", flush=True)
+        print(f"spark connect: {info.connect_url}\njdbc: {info.jdbc_url}\nstate file: {state_path(lake_dir)}", flush=True)
         server.serve_forever(stop, timeout=args.timeout)
     except KeyboardInterrupt:
         pass

@@ -91,6 +91,28 @@ def test_cdc_run_into_an_s3_lake_builds_the_local_lake_and_every_reader_works_on
     assert [h["operation"] for h in lake_spark.history(spark, raw, 3)] == ["VACUUM END", "VACUUM START", "OPTIMIZE"]
     assert lake_contents(spark, remote.lake)[0] == remote_rows
 
+    # `cdc serve`'s catalog over the bucket, as a fresh session meets it: no S3A options or filesystem for the bucket yet.
+    from cdc_platform.catalog import register_catalog
+
+    forget_bucket(spark, remote.lake)
+    for temp in [t.name for t in spark.catalog.listTables() if t.isTemporary]:  # other tests' session views, which `cdc serve` has not
+        spark.catalog.dropTempView(temp)
+    try:
+        assert "customers__full_view" in register_catalog(spark, remote.lake, "s3lake")
+        n = spark.sql("SELECT count(*) AS n FROM s3lake.customers__full_view").first()["n"]
+        assert n == sum(local_rows["customers__full_view"].values())
+    finally:
+        spark.sql("USE default")
+
+
+def forget_bucket(spark: Any, lake_dir: Any) -> None:
+    """Undo what the session learned about the lake's bucket: its S3A options and its cached filesystem."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    spark._jvm.org.apache.hadoop.fs.Path(str(lake_dir)).getFileSystem(conf).close()  # close() also drops it from Hadoop's cache
+    for name in storage.hadoop_options(lake_dir):
+        conf.unset(name)
+    storage._CONFIGURED.clear()
+
 
 def test_an_object_store_path_in_a_session_without_the_s3a_jars_says_what_to_do(
     spark: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -101,3 +123,19 @@ def test_an_object_store_path_in_a_session_without_the_s3a_jars_says_what_to_do(
         lake_spark.location(table)
     with pytest.raises(EnvironmentNotReadyError, match="run `make setup-object-store`"):
         session.platform_jars(tmp_path / "object-store" / "jars", "make setup-object-store")
+
+
+def test_a_server_for_a_lake_in_s3_keeps_its_state_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cdc serve`'s state file names a process here; in a shared bucket another machine would find it (and the
+    Hive scratch folders would be objects). Local lakes keep theirs in the lake, as before."""
+    from cdc_platform.serve import WORK_DIR
+    from cdc_platform.sql_client import STATE_FILE, state_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    lake_a = storage.lake_location("s3a://lakes-a/x", storage.ObjectStoreConfig(), "lake")
+    lake_b = storage.lake_location("s3a://lakes-a/y", storage.ObjectStoreConfig(), "lake")
+    assert state_path(lake_a).parent == storage.machine_dir(lake_a)
+    assert str(storage.machine_dir(lake_a)).startswith(str(tmp_path / ".cache" / "cdc-platform" / "lakes" / "lakes-a-"))
+    assert storage.machine_dir(lake_a) != storage.machine_dir(lake_b)  # one folder per lake, not per bucket
+    local = tmp_path / "lake"
+    assert state_path(local) == local / STATE_FILE and storage.machine_dir(local) / WORK_DIR == local / WORK_DIR
