@@ -39,7 +39,8 @@ from cdc_platform.processes import HOST, port_open
 from cdc_platform.sql_client import ServerInfo, find_server, read_state, state_path
 from cdc_platform.storage import LakePath, is_remote, machine_dir
 
-#: The server's own files (warehouse folder, Hive scratch space), in the lake's private area.
+#: The server's own files (warehouse folder, Hive scratch space): in the lake's private area, or on this machine
+#: for a lake on an object store (`storage.machine_dir`).
 WORK_DIR = "_serve"
 #: Spark Connect's and HiveServer2's usual ports, so clients' defaults work.
 DEFAULT_CONNECT_PORT = 15002

@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +36,7 @@ import pyarrow.compute as pc
 from cdc_platform import arrow_parts, lake, lake_spark, schemas
 from cdc_platform.config import PlatformConfig
 from cdc_platform.stage import DEAD_LETTER, STAGE_ERROR, BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows, poison_reason
+from cdc_platform.storage import LakePath
 from cdc_platform.transactions import buckets as B
 from cdc_platform.transactions.aggregation import CLOCK, _read_streams, advance
 from cdc_platform.transactions.schemas import (
@@ -87,20 +87,20 @@ class SparkTransactionStage:
         `probe`: a test hook run on each group's events and markers before they settle (`FoldContext.probe`)."""
         self._probe = probe
         self._lock = threading.RLock()  # a batch and an idle tick never interleave
-        self._cache: tuple[Path, int, Globals] | None = None
-        self._recovered: set[Path] = set()
+        self._cache: tuple[LakePath, int, Globals] | None = None
+        self._recovered: set[LakePath] = set()
         self._buckets = buckets
         self._idle_checked = 0.0
 
     def setup(self, config: PlatformConfig) -> None:
         create_tables(config)
 
-    def _path(self, config: PlatformConfig, name: str) -> Path:
+    def _path(self, config: PlatformConfig, name: str) -> LakePath:
         return lake.table_path(config.lake, name)
 
     # --- the committed state's global rows ---------------------------------------------------------------
 
-    def _globals(self, path: Path, table: Any) -> Globals:
+    def _globals(self, path: LakePath, table: Any) -> Globals:
         version = table.version()
         cached = self._cache
         if cached is not None and cached[0] == path and cached[1] == version:
@@ -331,7 +331,7 @@ def _tops(spark: Any, parts: Any, events: Any, held_back: Blocks) -> dict[str, t
     return {r["source"]: tuple(None if m is None else (m["position"], m["ts"]) for m in (r["top"], r["best"])) for r in rows}  # type: ignore[misc]
 
 
-def _write(data: Any, path: Path, application: str | None, version: int | None, mode: str, metadata: str | None) -> bool:
+def _write(data: Any, path: LakePath, application: str | None, version: int | None, mode: str, metadata: str | None) -> bool:
     """Write unless this application already committed `version` (checked first: a replay ships nothing)."""
     if application is not None and version is not None and lake.already_committed(lake.open_table(path), application, version):
         return False

@@ -19,7 +19,6 @@ import datetime as dt
 import threading
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ import pyarrow.compute as pc
 from cdc_platform import lake, lake_spark
 from cdc_platform.config import PlatformConfig
 from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
+from cdc_platform.storage import LakePath
 from cdc_platform.transactions.aggregation import Held, hold, mark_expired, step
 from cdc_platform.transactions.arrow_ops import _arr, _conform
 from cdc_platform.transactions.schemas import (
@@ -51,7 +51,7 @@ MAINTENANCE_RETENTION_HOURS = 1
 STATE_TOKEN = "cdc_state_commit="
 
 
-def _write(spark: Any, path: Path, data: pa.Table, schema: pa.Schema, application: str | None, version: int | None,
+def _write(spark: Any, path: LakePath, data: pa.Table, schema: pa.Schema, application: str | None, version: int | None,
            *, mode: str, metadata: str | None = None) -> bool:
     """Append to or overwrite (`mode`) one of the stage's tables unless this application already committed
     `version`; True when it committed.
@@ -104,16 +104,16 @@ class TransactionStage:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # a batch and an idle tick never interleave
-        self._cache: tuple[Path, int, Held] | None = None
-        self._recovered: set[Path] = set()
+        self._cache: tuple[LakePath, int, Held] | None = None
+        self._recovered: set[LakePath] = set()
 
     def setup(self, config: PlatformConfig) -> None:
         create_tables(config)
 
-    def _path(self, config: PlatformConfig, name: str) -> Path:
+    def _path(self, config: PlatformConfig, name: str) -> LakePath:
         return lake.table_path(config.lake, name)
 
-    def _cached(self, path: Path, version: int) -> Held | None:
+    def _cached(self, path: LakePath, version: int) -> Held | None:
         cached = self._cache
         if cached is not None and cached[0] == path and cached[1] == version:
             return cached[2]
@@ -223,7 +223,7 @@ def create_tables(config: PlatformConfig) -> None:
                                      for name, schema in TABLE_SCHEMAS.items()])
 
 
-def held_after_commit(config: PlatformConfig, state_path: Path, token: str, held: Any) -> tuple[Path, int, Any] | None:
+def held_after_commit(config: PlatformConfig, state_path: LakePath, token: str, held: Any) -> tuple[LakePath, int, Any] | None:
     """What a stage may keep of the state it just committed: `held`, stamped with the new version, when
     that commit is its own (its `userMetadata` is `token`), else nothing. Every `MAINTENANCE_EVERY`
     versions the overwritten tables are vacuumed here too (`maintain`)."""
@@ -234,7 +234,7 @@ def held_after_commit(config: PlatformConfig, state_path: Path, token: str, held
     return cached
 
 
-def maintain(config: PlatformConfig, cached: tuple[Path, int, Any] | None) -> tuple[Path, int, Any] | None:
+def maintain(config: PlatformConfig, cached: tuple[LakePath, int, Any] | None) -> tuple[LakePath, int, Any] | None:
     """The state and watermark tables are rewritten every batch: drop their old files. Returns what a
     stage held of the state (`cached`, stamped with a version) if it is still valid, restamped.
 
