@@ -20,7 +20,7 @@ import yaml
 
 from cdc_platform.errors import ConfigError
 from cdc_platform.source_connection import SourceConnection, parse_source_connection
-from cdc_platform.storage import LakePath, ObjectStoreConfig, is_url, lake_location, parse_object_store
+from cdc_platform.storage import LakePath, ObjectStoreConfig, is_remote, is_url, lake_location, parse_object_store
 
 CONFIG_ENV_VAR = "CDC_CONFIG"
 
@@ -246,8 +246,6 @@ class PlatformConfig:
 
     @property
     def lake_is_remote(self) -> bool:
-        from cdc_platform.storage import is_remote
-
         return is_remote(self.lake) or is_remote(self.checkpoint)
 
     @property

@@ -206,14 +206,14 @@ def spark_location(spark: SparkSession | None, path: LakePath | str) -> str:
         return str(path)
     assert isinstance(path, UPath)
     if spark is not None:
-        from cdc_platform.session import require_object_store
-
-        require_object_store(str(path))
         options = hadoop_options(path)
         # By application, not id(): a stopped session's id may be reused by the next one, which must learn the options again.
         key = (spark.sparkContext.applicationId, bucket_of(path))
         with _LOCK:
-            if _CONFIGURED.get(key) != options:
+            if _CONFIGURED.get(key) != options:  # once per session and bucket, not on every location
+                from cdc_platform.session import require_object_store
+
+                require_object_store(str(path))
                 conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
                 for name, value in options.items():
                     conf.set(name, value)
