@@ -194,6 +194,13 @@ def get_spark(
         # `cdc maintain` on the demo lake took minutes. At 8 the same VACUUM takes 2-3 s. A cluster
         # vacuuming tables with very many partition directories may want more.
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "8")
+        # Spark keeps the classes it compiles for queries in a cache of 100 entries. One micro-batch of a
+        # one-table lake generates ~185 distinct classes (the stages' queries, Delta's log replay and
+        # commits), so at 100 every batch evicted the last one's and compiled them all again with Janino:
+        # ~170 compiles a batch, 14% of the JVM's samples on small batches. At 4,000 the second batch
+        # compiles 4, and a small batch takes ~20% less JVM CPU (benchmarks/README.md, "Generated code").
+        # A class with its source key is ~15-30 KB, so a full cache is ~100 MB of driver (or executor) memory.
+        .config("spark.sql.codegen.cache.maxEntries", "4000")
     )
     for key, value in {**DELTA_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
