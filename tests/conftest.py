@@ -102,6 +102,33 @@ def peer_files() -> dict[str, Path]:
     return {"schema_exclude": SCHEMA_EXCLUDE, "replica_identity": REPLICA_IDENTITY}
 
 
+class LakeTemplates:
+    """Lakes built once per test process and copied whole (config, landing files, lake) for each test that asks:
+    a copy is a directory copy where a build is a `cdc run` (5-15 s on the suite's loaded machine).
+
+    Only for tests that read a lake or change its files without running the pipeline on it again: a copy's
+    raw rows and stream checkpoint still name the template's landing files, so a run on the copy would read
+    its own landing files as new ones."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._built: set[str] = set()
+
+    def copy(self, name: str, build: Callable[[Path], None], dest: Path) -> Path:
+        """`dest` holding a copy of the template `name`, which `build(root)` makes (a cdc.yaml with relative paths)."""
+        template = self._root / name
+        if name not in self._built:
+            build(template)
+            self._built.add(name)
+        shutil.copytree(template, dest, dirs_exist_ok=True)
+        return dest
+
+
+@pytest.fixture(scope="session")
+def lake_templates(tmp_path_factory: pytest.TempPathFactory) -> LakeTemplates:
+    return LakeTemplates(tmp_path_factory.mktemp("lake-templates"))
+
+
 @pytest.fixture
 def make_config(tmp_path: Path) -> Callable[..., PlatformConfig]:
     """Write a cdc.yaml under tmp_path and load it; `tables` maps source -> settings."""

@@ -8,8 +8,10 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 
 from cdc_platform import backfill, lake
+from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError, LakeError
 
 CUSTOMERS = {"payments.customers": {"key": ["id"]}}
@@ -26,15 +28,22 @@ def event(op: str, row_id: int, pos: int, name: str) -> str:
 
 
 @pytest.fixture
-def streamed(make_config, land, run_pipeline, tmp_path) -> Any:
-    cfg = make_config(CUSTOMERS)
-    land(None, [event("c", 1, 100, "ann"), event("c", 2, 150, "bob"), event("d", 2, 250, "bob"), event("u", 1, 300, "ann v2")])
-    run_pipeline(cfg)
-    snap = tmp_path / "snapshots" / "customers"
-    snap.mkdir(parents=True)
-    (snap / "rows.csv").write_text("id,name\n1,ann old\n2,bob\n3,cy\n4,dee\n")
-    (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 200, "ts_ms": 1767225600200}))
-    return cfg
+def streamed(lake_templates, spark, tmp_path) -> Any:
+    """A streamed lake (two customers, one deleted, one updated) and a snapshot as of position 200: each test's own copy."""
+    from cdc_platform.ingest import IngestJob
+
+    def build(root) -> None:
+        (root / "landing").mkdir(parents=True)
+        (root / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": CUSTOMERS}), encoding="utf-8")
+        (root / "landing" / "part-00001.jsonl").write_text(
+            "\n".join([event("c", 1, 100, "ann"), event("c", 2, 150, "bob"), event("d", 2, 250, "bob"), event("u", 1, 300, "ann v2")]) + "\n")
+        IngestJob(load_config(root / "cdc.yaml")).run_available_now(spark)
+        snap = root / "snapshots" / "customers"
+        snap.mkdir(parents=True)
+        (snap / "rows.csv").write_text("id,name\n1,ann old\n2,bob\n3,cy\n4,dee\n")
+        (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 200, "ts_ms": 1767225600200}))
+
+    return load_config(lake_templates.copy("backfill-customers", build, tmp_path) / "cdc.yaml")
 
 
 def versions(cfg) -> dict[str, int]:

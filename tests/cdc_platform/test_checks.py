@@ -8,32 +8,53 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cdc_platform import checks, quality
+from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
 from cdc_platform.ingest import IngestJob
 
 
+SMALL = {"payments.customers": {"key": ["id"]}}
+SMALL_LINES = [json.dumps({"before": None, "after": {"id": 1, "email": "a@x"}, "op": "c", "ts_ms": 1767225601000, "transaction": None,
+                           "source": {"connector": "mysql", "db": "payments", "table": "customers", "ts_ms": 1767225600000,
+                                      "file": "b.000001", "pos": 5}}),
+               "garbage"]
+
+
 @pytest.fixture
 def small_lake(make_config, land, run_pipeline) -> Any:
-    cfg = make_config({"payments.customers": {"key": ["id"]}})
-    base = {"before": None, "after": {"id": 1, "email": "a@x"}, "op": "c", "ts_ms": 1767225601000, "transaction": None,
-            "source": {"connector": "mysql", "db": "payments", "table": "customers", "ts_ms": 1767225600000, "file": "b.000001", "pos": 5}}
-    land(None, [json.dumps(base), "garbage"])
+    """One customer and one dead letter, built for the test: for tests that run the pipeline on it again."""
+    cfg = make_config(SMALL)
+    land(None, SMALL_LINES)
     run_pipeline(cfg)
     return cfg
 
 
-def test_table_stats_come_from_the_log(small_lake) -> None:
-    stats = checks.table_stats(small_lake.lake / "raw_change_events")
+@pytest.fixture
+def small_lake_copy(lake_templates, spark, tmp_path) -> Any:
+    """The same lake as `small_lake`, each test's own copy of one build: for tests that only read it."""
+
+    def build(root: Path) -> None:
+        (root / "landing").mkdir(parents=True)
+        (root / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": SMALL}), encoding="utf-8")
+        (root / "landing" / "part-00001.jsonl").write_text("\n".join(SMALL_LINES) + "\n", encoding="utf-8")
+        IngestJob(load_config(root / "cdc.yaml")).run_available_now(spark)
+
+    return load_config(lake_templates.copy("checks-small", build, tmp_path) / "cdc.yaml")
+
+
+def test_table_stats_come_from_the_log(small_lake_copy) -> None:
+    stats = checks.table_stats(small_lake_copy.lake / "raw_change_events")
     assert stats.rows == 1 and stats.files == 1 and stats.version >= 1 and stats.size_bytes > 0
 
 
-def test_freshness_against_the_slo(small_lake) -> None:
+def test_freshness_against_the_slo(small_lake_copy) -> None:
     newest = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    ok = checks.freshness(small_lake.lake, slo_seconds=120, now=newest + dt.timedelta(seconds=60))
+    ok = checks.freshness(small_lake_copy.lake, slo_seconds=120, now=newest + dt.timedelta(seconds=60))
     assert ok.passed and ok.metadata["lag_seconds"] == 60.0
-    late = checks.freshness(small_lake.lake, slo_seconds=120, now=newest + dt.timedelta(hours=1))
+    late = checks.freshness(small_lake_copy.lake, slo_seconds=120, now=newest + dt.timedelta(hours=1))
     assert not late.passed and late.severity is checks.Severity.ERROR and "3,600 s old" in late.description
 
 
@@ -150,11 +171,11 @@ def test_suite_templates_expand_key_columns(tmp_path: Path) -> None:
         quality.suites_for("broken", directory=tmp_path)
 
 
-def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake) -> None:
+def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake_copy) -> None:
     from cdc_platform.lake_spark import read
 
     (suite,) = quality.suites_for("raw_change_events")
-    good = quality.validate(read(spark, small_lake.lake / "raw_change_events"), suite)
+    good = quality.validate(read(spark, small_lake_copy.lake / "raw_change_events"), suite)
     assert good.passed, good.description
     bad = spark.createDataFrame([("e1", "t", "x", "p", dt.datetime(2026, 1, 1), "l"), ("e1", "t", "c", None, dt.datetime(2026, 1, 1), "l")],
                                 "event_id string, table_id string, op string, position string, ingested_at timestamp, line string")

@@ -226,11 +226,13 @@ def test_the_catalog_follows_new_columns_and_new_tables(served: tuple[Path, Serv
 # --- failure paths: no server, a stale one, no client, a taken port --------------------------------------
 
 @pytest.fixture
-def small_lake(make_config: Any, land: Any, run_pipeline: Any) -> Path:
-    config = make_config({"shop.people": {"key": ["id"]}})
-    land(None, PEOPLE)
-    run_pipeline(config)
-    return config.lake
+def small_lake(lake_templates: Any, spark: Any, tmp_path: Path) -> Path:
+    """A lake of three people, each test's own copy (these tests change its files, never run the pipeline on it)."""
+
+    def build(root: Path) -> None:
+        land_and_run(spark, write_config(root, {"shop.people": {"key": ["id"]}}), "part-00001.jsonl", PEOPLE)
+
+    return lake_templates.copy("serve-people", build, tmp_path) / "lake"
 
 
 def test_a_table_registered_before_the_registry_named_it_becomes_its_views(small_lake: Path, spark: Any) -> None:
