@@ -32,6 +32,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 #: Session fixtures that start servers: under pytest-xdist (`make test` runs two workers) every test that uses
 #: one runs in the same worker, so each server starts once per suite, not once per worker.
 _SERVER_FIXTURES = ("testbed", "spark_cluster", "s3_server")
+#: Modules whose module-scoped fixture runs the pipeline or starts a server (`pipeline_run`: a Dagster run,
+#: `served`: `cdc serve`, `e2e`: the type families' run): their tests stay in one worker, so it runs once
+#: per suite, not once in each worker that draws one of them (30-47 s each, measured twice before).
+_SHARED_FIXTURE_MODULES = ("test_definitions.py", "test_serve.py", "test_latest_state_type_props.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the group marks to name the groups
@@ -41,6 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         server = next((f for f in _SERVER_FIXTURES if f in fixtures), None)
         if server is not None:
             item.add_marker(pytest.mark.xdist_group(server))
+        elif item.path.name in _SHARED_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.hookimpl(trylast=True)
