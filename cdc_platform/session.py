@@ -197,8 +197,8 @@ def get_spark(
         # Spark keeps the classes it compiles for queries in a cache of 100 entries. One micro-batch of a
         # one-table lake generates ~185 distinct classes (the stages' queries, Delta's log replay and
         # commits), so at 100 every batch evicted the last one's and compiled them all again with Janino:
-        # ~170 compiles a batch, 14% of the JVM's samples on small batches. At 4,000 the second batch
-        # compiles 4, and a small batch takes ~20% less JVM CPU (benchmarks/README.md, "Generated code").
+        # ~220 compiles a batch of the sample workload. At 4,000 a batch of a shape seen before compiles 8,
+        # and a small batch takes 16% less JVM CPU (benchmarks/small_batches.py; benchmarks/README.md).
         # A class with its source key is ~15-30 KB, so a full cache is ~100 MB of driver (or executor) memory.
         .config("spark.sql.codegen.cache.maxEntries", "4000")
     )
