@@ -124,6 +124,7 @@ class LakeTemplates:
         """`dest` holding a copy of the template `name`, which `build(root)` makes (a cdc.yaml with relative paths)."""
         template = self._root / name
         if name not in self._built:
+            shutil.rmtree(template, ignore_errors=True)  # what a build that failed for an earlier test left
             build(template)
             self._built.add(name)
         shutil.copytree(template, dest, dirs_exist_ok=True)
