@@ -136,6 +136,24 @@ def lake_templates(tmp_path_factory: pytest.TempPathFactory) -> LakeTemplates:
     return LakeTemplates(tmp_path_factory.mktemp("lake-templates"))
 
 
+@pytest.fixture(scope="session")
+def lake_at(spark: Any) -> Callable[..., PlatformConfig]:
+    """`lake_at(root, tables, lines)`: a cdc.yaml under `root` (relative landing and lake), `lines` landed as one
+    file, one `cdc run`; the loaded config. What `make_config`, `land` and `run_pipeline` do, at any root
+    (a lake template's, or several in one test)."""
+    from cdc_platform.ingest import IngestJob
+
+    def build(root: Path, tables: dict[str, dict[str, Any]], lines: list[str]) -> PlatformConfig:
+        (root / "landing").mkdir(parents=True, exist_ok=True)
+        (root / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": tables}), encoding="utf-8")
+        (root / "landing" / "part-00001.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        config = load_config(root / "cdc.yaml")
+        IngestJob(config).run_available_now(spark)
+        return config
+
+    return build
+
+
 @pytest.fixture
 def make_config(tmp_path: Path) -> Callable[..., PlatformConfig]:
     """Write a cdc.yaml under tmp_path and load it; `tables` maps source -> settings."""

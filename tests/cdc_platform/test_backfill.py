@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-import yaml
 
 from cdc_platform import backfill, lake
 from cdc_platform.config import load_config
@@ -28,16 +27,11 @@ def event(op: str, row_id: int, pos: int, name: str) -> str:
 
 
 @pytest.fixture
-def streamed(lake_templates, spark, tmp_path) -> Any:
+def streamed(lake_templates, lake_at, tmp_path) -> Any:
     """A streamed lake (two customers, one deleted, one updated) and a snapshot as of position 200: each test's own copy."""
-    from cdc_platform.ingest import IngestJob
 
     def build(root) -> None:
-        (root / "landing").mkdir(parents=True)
-        (root / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": CUSTOMERS}), encoding="utf-8")
-        (root / "landing" / "part-00001.jsonl").write_text(
-            "\n".join([event("c", 1, 100, "ann"), event("c", 2, 150, "bob"), event("d", 2, 250, "bob"), event("u", 1, 300, "ann v2")]) + "\n")
-        IngestJob(load_config(root / "cdc.yaml")).run_available_now(spark)
+        lake_at(root, CUSTOMERS, [event("c", 1, 100, "ann"), event("c", 2, 150, "bob"), event("d", 2, 250, "bob"), event("u", 1, 300, "ann v2")])
         snap = root / "snapshots" / "customers"
         snap.mkdir(parents=True)
         (snap / "rows.csv").write_text("id,name\n1,ann old\n2,bob\n3,cy\n4,dee\n")

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cdc_platform import checks, quality
 from cdc_platform.config import load_config
@@ -33,16 +32,9 @@ def small_lake(make_config, land, run_pipeline) -> Any:
 
 
 @pytest.fixture
-def small_lake_copy(lake_templates, spark, tmp_path) -> Any:
+def small_lake_copy(lake_templates, lake_at, tmp_path) -> Any:
     """The same lake as `small_lake`, each test's own copy of one build: for tests that only read it."""
-
-    def build(root: Path) -> None:
-        (root / "landing").mkdir(parents=True)
-        (root / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": SMALL}), encoding="utf-8")
-        (root / "landing" / "part-00001.jsonl").write_text("\n".join(SMALL_LINES) + "\n", encoding="utf-8")
-        IngestJob(load_config(root / "cdc.yaml")).run_available_now(spark)
-
-    return load_config(lake_templates.copy("checks-small", build, tmp_path) / "cdc.yaml")
+    return load_config(lake_templates.copy("checks-small", lambda root: lake_at(root, SMALL, SMALL_LINES), tmp_path) / "cdc.yaml")
 
 
 def test_table_stats_come_from_the_log(small_lake_copy) -> None:

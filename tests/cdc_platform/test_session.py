@@ -32,24 +32,16 @@ def test_session_loads_the_manifest_jars_and_enables_delta(spark: Any) -> None:
     assert spark.conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism") == "8"
 
 
-def test_a_second_batch_of_the_same_shape_compiles_almost_nothing(spark: Any, tmp_path: Path) -> None:
+def test_a_second_batch_of_the_same_shape_compiles_almost_nothing(spark: Any, lake_at: Any, tmp_path: Path) -> None:
     """Spark's cache of generated classes holds 100 by default, fewer than one micro-batch generates (~185 for a
     one-table lake), so every batch compiled them all again. With the session's cache a repeat is a lookup."""
-    import yaml
-
-    from cdc_platform.config import load_config
-    from cdc_platform.ingest import IngestJob
     from tests.cdc_platform.test_serve import CHANGES, PEOPLE
 
     codegen = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics
     compiled = []
     for run in ("first", "second"):
-        root = tmp_path / run
-        (root / "landing").mkdir(parents=True)
-        (root / "landing" / "part-00001.jsonl").write_text("\n".join(PEOPLE + CHANGES) + "\n", encoding="utf-8")
-        (root / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "tables": {"shop.people": {"key": ["id"]}}}))
         before = codegen.METRIC_COMPILATION_TIME().getCount()
-        IngestJob(load_config(root / "cdc.yaml")).run_available_now(spark)
+        lake_at(tmp_path / run, {"shop.people": {"key": ["id"]}}, PEOPLE + CHANGES)
         compiled.append(codegen.METRIC_COMPILATION_TIME().getCount() - before)
     assert compiled[1] <= 20, compiled  # with Spark's default cache: ~170 every time
 

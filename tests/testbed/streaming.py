@@ -8,7 +8,22 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_platform.config import PlatformConfig
+from cdc_platform.errors import LakeError
 from cdc_platform.ingest import IngestJob
+from cdc_platform.lake import REGISTRY_FILE
+
+
+def rows_once_set_up(query: Callable[[PlatformConfig, str], list[dict[str, Any]]], cfg: PlatformConfig, sql: str) -> list[dict[str, Any]] | None:
+    """`query(cfg, sql)`, or None while the stream is still setting the lake up: no registry yet, or one naming
+    tables not created yet (it is written first) or a view with no change landed yet."""
+    from pyspark.errors import AnalysisException
+
+    if not (cfg.lake / REGISTRY_FILE).is_file():
+        return None
+    try:
+        return query(cfg, sql)
+    except (AnalysisException, LakeError):
+        return None
 
 
 class Running:

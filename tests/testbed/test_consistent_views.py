@@ -27,7 +27,7 @@ import yaml
 
 from cdc_platform.config import load_config
 from cdc_platform.testbed import Stack
-from tests.testbed.streaming import Running
+from tests.testbed.streaming import Running, rows_once_set_up
 
 PREFIX = "consistent_pg"
 ACCOUNTS = "cv_accounts"
@@ -130,14 +130,10 @@ def test_a_reader_of_the_consistent_views_never_sees_half_a_transaction(testbed:
         return [tuple(r.values()) for r in query(cfg, sql)]
 
     def read(view: str) -> dict[str, Any] | None:
-        from pyspark.errors import AnalysisException
-
-        if not (cfg.lake / "_cdc_registry.json").is_file():  # the stream's set-up has not run yet
+        rows = rows_once_set_up(query, cfg, invariant_sql(view))
+        if rows is None:
             return None
-        try:
-            (row,) = query(cfg, invariant_sql(view))
-        except AnalysisException:  # a table with no change landed yet has no view
-            return None
+        (row,) = rows
         return row
 
     def equal_to_source(view: str) -> Callable[[], bool]:

@@ -26,6 +26,7 @@ import yaml
 from cdc_platform.config import load_config
 from cdc_platform.processes import die_with_parent
 from cdc_platform.testbed import Stack, consume_all
+from tests.testbed.streaming import rows_once_set_up
 
 PREFIX = "faults_pg"
 ACCOUNTS = "f_accounts"
@@ -142,16 +143,8 @@ def test_killed_connect_restarted_broker_and_killed_stream_lose_and_double_nothi
             time.sleep(1.0)
 
     def raw_count() -> int:
-        from pyspark.errors import AnalysisException
-
-        from cdc_platform.errors import LakeError
-
-        if not (cfg.lake / "_cdc_registry.json").is_file():  # the stream's set-up has not run yet
-            return 0
-        try:
-            return query(cfg, "select count(*) as n from raw_change_events")[0]["n"]
-        except (AnalysisException, LakeError):  # set-up under way: the registry is written before the tables it names
-            return 0
+        rows = rows_once_set_up(query, cfg, "select count(*) as n from raw_change_events")
+        return 0 if rows is None else rows[0]["n"]
 
     bed.connect.register(PREFIX, connector)
     try:
