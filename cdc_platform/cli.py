@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import os
 import sys
 import time
 import traceback
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cdc_platform import spark_errors
+from cdc_platform.processes import stop_on_signals
 from cdc_platform.config import PlatformConfig, check_spark_master, lake_from_flag, load_config
 from cdc_platform.errors import CdcError, LakeError, QueryError
 from cdc_platform.storage import LakePath, is_remote
@@ -85,13 +87,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
     spark = _spark(config.spark_master, object_store=config.lake_is_remote)
     job = IngestJob(config, progress=_say)
-    report = job.run_available_now(spark)
+    with stop_on_signals(_stopping, _stop_now) as stop:
+        report = job.run_available_now(spark, stop)
     landed = report.landed()
     _say(
-        f"done in {report.seconds:.1f} s: {len(report.batches)} batch(es), {report.total('rows_read'):,} lines read, "
+        f"{'stopped' if report.stopped else 'done'} in {report.seconds:.1f} s: {len(report.batches)} batch(es), {report.total('rows_read'):,} lines read, "
         f"{landed.get(RAW, 0):,} new change events, {report.total('dead_letters'):,} dead letters, "
         f"{report.total('duplicates_skipped'):,} duplicates skipped, {report.total('tombstones'):,} tombstones"
     )
+    if report.stopped:
+        _say("interrupted before everything landed was read: the next `cdc run` reads the rest")
+        return 130
     return 0
 
 
@@ -103,8 +109,21 @@ def cmd_stream(args: argparse.Namespace) -> int:
     job = IngestJob(config, progress=_say)
     interval = args.trigger_interval or config.trigger_interval
     _say(f"streaming {config.describe_source()} -> {config.lake} every {interval}; Ctrl-C to stop")
-    job.run_continuously(spark, interval=interval, timeout=args.timeout)
+    with stop_on_signals(_stopping, _stop_now) as stop:
+        job.run_continuously(spark, interval=interval, timeout=args.timeout, stop=stop)
     return 0
+
+
+def _stopping() -> None:
+    _say("stopping after the current batch ... (Ctrl-C again to stop at once; that batch then runs again next time)")
+
+
+def _stop_now() -> NoReturn:
+    """The second Ctrl-C: exit now, mid-batch. Safe for the lake (the batch replays, as after a crash); the
+    JVM exits when its parent's pipe closes. Not a Python exception: one raised inside a Py4J call leaves
+    the connection to the JVM half-read, and PySpark's exit handlers then hang or print stacks."""
+    print("error: interrupted (Ctrl-C) during a batch; it runs again on the next start", file=sys.stderr, flush=True)
+    os._exit(130)
 
 
 def _jsonable(value: Any) -> Any:

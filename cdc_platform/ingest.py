@@ -495,13 +495,22 @@ class IngestJob:
                 for leftover in log_dir.glob(".*.tmp*"):
                     leftover.unlink(missing_ok=True)
 
-    def run_available_now(self, spark: SparkSession) -> RunReport:
-        """Process everything that has landed, then return (what `cdc run` and the Dagster asset do)."""
+    def run_available_now(self, spark: SparkSession, stop: threading.Event | None = None) -> RunReport:
+        """Process everything that has landed, then return (what `cdc run` and the Dagster asset do).
+
+        `stop` (set by Ctrl-C in `cdc run`) ends the run after the batch in flight; the report says so.
+        """
         t0 = time.perf_counter()
         query = self.start(spark, available_now=True)
-        self._await(query, None)
+        stopped = False
+        try:
+            self._await(query, None, stop)
+        finally:
+            if stop is not None and stop.is_set() and query.isActive:
+                stopped = True
+                self.stop_after_batch(query)
         self.flush_folded_metrics()
-        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
+        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0, stopped=stopped)
 
     def run_continuously(
         self, spark: SparkSession, interval: str | None = None, timeout: float | None = None, stop: threading.Event | None = None
@@ -530,7 +539,15 @@ class IngestJob:
 
     def stop_after_batch(self, query: StreamingQuery) -> None:
         """Stop a started stream without interrupting a batch: the one in flight, if any, commits whole;
-        a later one refuses to start and replays on restart. (`query.stop()` alone interrupts the batch.)"""
+        a later one refuses to start and replays on restart. (`query.stop()` alone interrupts the batch.)
+
+        In flight means from Spark's trigger on: once Spark has logged a batch's offsets it plans and lists
+        before calling `foreach_batch`, and stopping in that gap cancelled the batch half-started (a
+        Ctrl-C test found it). So the active trigger runs through first; a new one starting in the
+        moment before `_stopping` is set is refused and replays.
+        """
+        while query.isActive and query.status.get("isTriggerActive"):
+            time.sleep(0.1)
         self._stopping.set()
         try:
             with self._batch_lock:

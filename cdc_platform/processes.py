@@ -8,13 +8,15 @@ the run that needed it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,44 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
     return setup
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    on_first: Callable[[], None] | None = None, on_second: Callable[[], None] | None = None,
+    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> Iterator[threading.Event]:
+    """Ctrl-C (and `kill PID`) set the event the block's job polls, instead of raising wherever the main thread is.
+
+    Why not let Ctrl-C raise: the main thread of a Spark job spends its time inside a Py4J call to the JVM
+    (`awaitTermination`), and PySpark's own SIGINT handler calls the JVM again on that same connection
+    (`cancelAllJobs`): Py4J refuses the reentrant call, and the job ended in stack traces and a Py4JError
+    instead of stopping, and cancelled the batch in flight. With the event the job finishes that batch and
+    stops on its own. A second signal calls `on_second` (default: raise `KeyboardInterrupt`), for when the
+    batch takes too long.
+    Outside the main thread (Python allows signal handlers only there) the event is never set by a signal.
+    """
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            if on_second is None:
+                raise KeyboardInterrupt
+            on_second()
+            return
+        stop.set()
+        if on_first is not None:
+            on_first()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _answers(send: Callable[[int, int], None], target: int) -> bool:

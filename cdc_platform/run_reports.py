@@ -65,6 +65,7 @@ class FoldedBatches:
 class RunReport:
     batches: list[BatchReport] = field(default_factory=list)
     seconds: float = 0.0
+    stopped: bool = False  # asked to stop (Ctrl-C) before everything available was read; the next run reads the rest
 
     def total(self, attr: str) -> int:
         return sum(getattr(b, attr) for b in self.batches)
