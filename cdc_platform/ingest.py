@@ -83,6 +83,24 @@ def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     return [LatestStateStage(), SparkTransactionStage()]
 
 
+def _spark_batch(query: StreamingQuery) -> tuple[int, bool] | None:
+    """The id of the batch Spark is on and whether it is constructed yet (its offsets logged), or None if unknown.
+
+    From Spark's internal `latestExecutionContext` (Spark 4): no public API says which batch runs. If a
+    Spark upgrade moves it, `stop_after_batch` stops at once instead, refusing the batch (which replays).
+    """
+    try:
+        context = query._jsq.streamingQuery().latestExecutionContext()  # type: ignore[attr-defined]
+        return int(context.batchId()), bool(context.isCurrentBatchConstructed())
+    except Exception:  # noqa: BLE001 - any failure means "unknown", handled by the caller
+        return None
+
+
+def _batch_in_flight(query: StreamingQuery) -> int | None:
+    found = _spark_batch(query) if query.isActive else None
+    return found[0] if found is not None and found[1] else None
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -190,7 +208,8 @@ class IngestJob:
         self._query_id: str | None = None
         self._lock = threading.Lock()
         self._batch_lock = threading.Lock()  # a batch and an idle call never interleave
-        self._stopping = threading.Event()  # set while the job stops: a batch that starts now is refused
+        #: While the job stops: batches with a higher id are refused (they replay on restart); None otherwise.
+        self._refuse_after: int | None = None
         self._last_activity = time.monotonic()
         self._last_batch_id = -1
         self.keys = KeySpec(dict(config.keys_by_source))
@@ -447,7 +466,7 @@ class IngestJob:
                 self.onboard_added_tables()
             parsed = parse_spark.parse_lines(df, self.keys)
             with self._batch_lock:
-                if self._stopping.is_set():
+                if self._refuse_after is not None and batch_id > self._refuse_after:
                     raise _StopRequested(f"batch {batch_id} started after the stop was asked for; it runs again on restart")
                 report = self.process_parsed(parsed, batch_id, self.query_id(), started=started)
                 self._last_activity = time.monotonic()
@@ -541,21 +560,25 @@ class IngestJob:
         """Stop a started stream without interrupting a batch: the one in flight, if any, commits whole;
         a later one refuses to start and replays on restart. (`query.stop()` alone interrupts the batch.)
 
-        In flight means from Spark's trigger on: once Spark has logged a batch's offsets it plans and lists
-        before calling `foreach_batch`, and stopping in that gap cancelled the batch half-started (a
-        Ctrl-C test found it). So the active trigger runs through first; a new one starting in the
-        moment before `_stopping` is set is refused and replays.
+        In flight means from the moment Spark constructed the batch (logged its offsets) on, not from
+        `foreach_batch` on: stopping in the gap between the two (Spark plans and lists files there)
+        cancelled the batch half-started, with error logs (a Ctrl-C test found it). Spark starts the next
+        batch the moment one ends, so it is the batch's id that is waited for, not a quiet trigger.
         """
-        while query.isActive and query.status.get("isTriggerActive"):
-            time.sleep(0.1)
-        self._stopping.set()
+        in_flight = _batch_in_flight(query)
+        self._refuse_after = -1 if in_flight is None else in_flight
         try:
+            while in_flight is not None and query.isActive:
+                now = _spark_batch(query)
+                if now is None or now[0] > in_flight:
+                    break
+                time.sleep(0.1)
             with self._batch_lock:
                 pass
             if query.isActive:
                 query.stop()
         finally:
-            self._stopping.clear()
+            self._refuse_after = None
 
     def _watch_idle(self, query: StreamingQuery, stop: threading.Event) -> threading.Thread | None:
         """Call the stages' `on_idle` while the stream is quiet; a failure stops the stream like a batch failure."""
