@@ -167,9 +167,17 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(
 ) -> None:
     monkeypatch.setattr(S, "IDLE_EVERY_SECONDS", 0.0)
     cfg = make_config(TABLES, transaction_timeout=1)
+    read, incomplete_reads = S.lake_spark.read, []
+
+    def spy(spark_: Any, path: Any, *args: Any) -> Any:
+        incomplete_reads.extend([path] if Path(str(path)).name == T.INCOMPLETE else [])
+        return read(spark_, path, *args)
+
+    monkeypatch.setattr(S.lake_spark, "read", spy)
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
     job = IngestJob(cfg, stages=[S.SparkTransactionStage()])
     job.run_available_now(spark)
+    assert incomplete_reads == [], "nothing was open before the batch: no orphan can exist, and no join looks for one"
     real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(RuntimeError):
         job.stages[0].on_idle(BatchContext(cfg, job.query_id(), 0), 5.0)  # type: ignore[attr-defined]
@@ -178,6 +186,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(
 
     land(None, [end("g:1", 1, {"shop.charges": 1})])
     IngestJob(cfg, stages=[S.SparkTransactionStage()]).run_available_now(spark)  # a new process
+    assert len(incomplete_reads) == 1, "with g:1 open, the new process looks for orphans once"
     rows = lake.open_table(lake.table_path(cfg.lake, T.INCOMPLETE)).to_pyarrow_table().to_pylist()
     assert [(r["transaction_id"], r["expired_by"]) for r in rows] == [("g:1", T.PROCESSING_TIME)]
     assert ids(cfg, T.TRANSACTIONS) == [], "expired by idle time: its END arriving later does not complete it"
