@@ -4,8 +4,9 @@ Shape of the job: a stream of lines from the configured source (`sources.py`: th
 any depth, new files picked up as they arrive; or Kafka topics) -> `foreachBatch`, where the executors
 parse the batch's lines (`parse_spark.parse_lines`) and delta-spark commits them (`lake_spark`); the
 driver sees one small aggregate per batch. Inside a batch the data flows one way: the raw log and
-markers first, then every later stage (latest state, transactions) from the same parsed batch, then
-dead letters and one `pipeline_metrics` row.
+markers are committed first, then every later stage (latest state, transactions) from the same parsed
+batch (they stage and fold beside the raw log's write and commit after it: `SparkBatch.raw_landed`),
+then dead letters and one `pipeline_metrics` row.
 
 Stages come in two kinds (`stage.py`). A Spark stage (latest state, transactions) takes the batch as
 DataFrames and does its per-event work on the executors; the stages run side by side, each in its own
@@ -68,6 +69,29 @@ IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle`
 #: cost and buried the batches that carried data. The same idea as Spark's own throttling of progress
 #: events for triggers without data (`spark.sql.streaming.noDataProgressEventInterval`).
 IDLE_METRICS_INTERVAL = 60.0
+
+
+class _Gate:
+    """One batch's "raw log committed" signal for the stages that run beside its write (`SparkBatch.raw_landed`)."""
+
+    def __init__(self, failure: str) -> None:
+        self._event = threading.Event()
+        self._failed = False
+        self._failure = failure
+
+    def open(self) -> None:
+        self._event.set()
+
+    def fail(self) -> None:
+        self._failed = True
+        self._event.set()
+
+    def wait(self) -> None:
+        self._event.wait()
+        if self._failed:
+            from cdc_platform.stage import StageFailure
+
+            raise StageFailure(self._failure)
 
 
 class _StopRequested(Exception):
@@ -300,25 +324,34 @@ class IngestJob:
         # heartbeats and schema-change records are counted, not stored (control_records.py)
         figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
-        t = time.perf_counter()
-        # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
-        inserted = lake_spark.insert_new_once(
-            split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
-            footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
-        ) if figures_.change_events else 0
-        landed[RAW] = inserted if inserted is not None else 0
-        markers_inserted = lake_spark.insert_new_once(
-            split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-            range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
-        ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
-        landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
-        seconds["raw"] = time.perf_counter() - t
-        replayed = inserted is None
-        distinct = figures_.distinct_events + figures_.distinct_markers
-        duplicates = figures_.in_batch_duplicates + (0 if replayed else distinct - landed[RAW] - landed[MARKERS])
+        landed[RAW] = landed[MARKERS] = 0
+        raw_gate = _Gate(f"the raw log of batch {batch_id} was not committed, so no stage commits it; the batch replays on restart")
+
+        def write_raw() -> bool:
+            """The raw log, then the markers (a reader never sees an END before its events); True if replayed."""
+            t = time.perf_counter()
+            try:
+                # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
+                inserted = lake_spark.insert_new_once(
+                    split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+                    footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
+                ) if figures_.change_events else 0
+                landed[RAW] = inserted if inserted is not None else 0
+                markers_inserted = lake_spark.insert_new_once(
+                    split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+                    range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
+                ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
+                landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
+            except BaseException:
+                raw_gate.fail()
+                raise
+            raw_gate.open()
+            seconds["raw"] = time.perf_counter() - t
+            return inserted is None
 
         spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started,
-                                 event_count=figures_.distinct_events, marker_count=figures_.distinct_markers)
+                                 event_count=figures_.distinct_events, marker_count=figures_.distinct_markers,
+                                 raw_landed=raw_gate.wait)
         isolated = 0
 
         def write_isolated(rows: pa.Table, stage_name: str) -> None:
@@ -333,6 +366,7 @@ class IngestJob:
 
         def run_arrow_stages(stages: list[Stage]) -> dict[str, StageResult]:
             done: dict[str, StageResult] = {}
+            raw_gate.wait()  # these commit inside `run_stage`: after the raw log, as the Spark stages do
             t = time.perf_counter()
             narrow = getattr(stages[0], "driver_columns", None) if len(stages) == 1 else None
             batch = parse_spark.driver_batch(split, batch_id, started, narrow)  # collected once for them all
@@ -344,10 +378,12 @@ class IngestJob:
             return done
 
         results: dict[str, StageResult] = {}
+        replayed: list[bool] = []
         try:
-            # The stages are independent given the batch, and each commits exactly once on its own, so the
-            # driver-side (Arrow) stages run beside the Spark ones: their Python folding and commits overlap
-            # the Spark stages' jobs instead of queueing behind them.
+            # The stages are independent given the batch, and each commits exactly once on its own, so they run
+            # side by side, and beside the raw log's write: their work before their first commit (staging,
+            # folding, the clock) overlaps its jobs and commits, and their commits wait for it (`raw_landed`).
+            # The driver-side (Arrow) stages run beside the Spark ones too.
             arrow_stages = [s for s in self.stages if not callable(getattr(s, "run", None))]
 
             def run_spark(stage: SparkStage) -> None:
@@ -355,12 +391,14 @@ class IngestJob:
                 results[stage.name] = run_spark_stage(stage, spark_batch, ctx)  # as it returns: released even if another fails
                 seconds[stage.name] = time.perf_counter() - t
 
-            actions: list[Callable[[], None]] = [
-                lambda stage=stage: run_spark(stage) for stage in self.stages if stage not in arrow_stages]  # type: ignore[misc]
+            actions: list[Callable[[], None]] = [lambda: replayed.append(write_raw())]  # first: its failure is the one raised
+            actions += [lambda stage=stage: run_spark(stage) for stage in self.stages if stage not in arrow_stages]  # type: ignore[misc]
             if arrow_stages:
                 actions.append(lambda: results.update(run_arrow_stages(arrow_stages)))
             # Every stage runs to its end even when another fails (it may be committing); the first failure is raised.
             lake_spark.side_by_side(actions, name="cdc-stages")
+            distinct = figures_.distinct_events + figures_.distinct_markers
+            duplicates = figures_.in_batch_duplicates + (0 if replayed[0] else distinct - landed[RAW] - landed[MARKERS])
             for stage in self.stages:
                 result = results[stage.name]
                 for k, v in result.rows_landed.items():

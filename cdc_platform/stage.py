@@ -86,6 +86,10 @@ class SparkBatch:
     ingested_at: dt.datetime
     event_count: int | None = None  # distinct change events and markers (from the same aggregate); None: not counted
     marker_count: int | None = None
+    #: Blocks until the batch's raw log and markers are committed, and raises if they failed. A stage calls
+    #: it before its first commit: the stages compute while the raw log is written, but a reader never sees
+    #: a stage's output (a transaction, a latest-state row) before the events it came from.
+    raw_landed: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
 
 
 @dataclass

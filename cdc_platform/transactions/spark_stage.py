@@ -185,6 +185,8 @@ class SparkTransactionStage:
             for k in ("completed", "expired", "late", "open", "finished_kept", "merged"):
                 figures.setdefault(k, 0.0)
             landed: dict[str, int] = {}
+            if batch is not None:
+                batch.raw_landed()  # folded beside the raw log's write; committed after it
             if poison:
                 figures["isolated_events"] = float(len(poison))
                 dead = _poison_letters(batch, poison, self.name, ctx.batch_id)

@@ -159,7 +159,8 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
     from cdc_platform import lake_spark
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
-    job = IngestJob(cfg, stages=[])
+    stage = WaitsForRaw()
+    job = IngestJob(cfg, stages=[stage])
     job.setup()
     marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
     batch = parsed_batch([event(pos=1), marker], {"payments.customers": ["id"]})
@@ -172,13 +173,43 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
         return real(df, path, *args, **kwargs)
 
     monkeypatch.setattr(lake_spark, "insert_new_once", markers_fail_once)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError, match="disk full"):  # the raw log's own error, not the stage's that follows from it
         job.process_parsed(batch, 0, "q")
+    assert stage.seen == [None], "the stage, running beside the raw log's write, was told not to commit"
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
     assert lake.open_table(job.path("transaction_markers")).to_pyarrow_table().num_rows == 0
     replay = job.process_parsed(batch, 0, "q")
     assert replay.rows_landed["raw_change_events"] == 0 and replay.rows_landed["transaction_markers"] == 1
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+    assert stage.seen == [None, (1, 1)], "on the replay the stage went on once the events and markers were committed"
+
+
+class WaitsForRaw:
+    """A Spark stage that waits for the batch's raw log as a real stage does before its first commit, then
+    notes what the raw log and markers held at that moment (None when it was told the write failed)."""
+
+    name = "waits_for_raw"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int] | None] = []
+        self.config: PlatformConfig | None = None
+
+    def setup(self, config: PlatformConfig) -> None:
+        self.config = config
+
+    def run(self, batch: Any, ctx: BatchContext) -> StageResult:
+        from cdc_platform.stage import StageFailure
+
+        try:
+            batch.raw_landed()
+        except StageFailure as exc:
+            assert "was not committed, so no stage commits it" in str(exc)
+            self.seen.append(None)
+            raise
+        assert self.config is not None
+        self.seen.append(tuple(lake.open_table(lake.table_path(self.config.lake, name)).to_pyarrow_table().num_rows
+                               for name in ("raw_change_events", "transaction_markers")))  # type: ignore[arg-type]
+        return StageResult()
 
 
 class SideStage:
