@@ -5,7 +5,8 @@ suite): the same few planned queries and Delta commits, whatever the data. Each 
 `spark.sql.codegen.cache.maxEntries` runs in a process of its own (a static setting, read when Spark
 starts): `--runs` runs of `cdc run`, each into a fresh lake, on the same landing files (a generated
 sample: multi-table transactions with their markers, a duplicate, a malformed line). Printed per run:
-wall seconds, CPU seconds by role, and how many classes Spark compiled with Janino (`CodegenMetrics`);
+wall seconds, seconds inside the batch by step (`BatchReport.stage_seconds`), CPU seconds by role, and how
+many classes Spark compiled with Janino (`CodegenMetrics`);
 then medians over the runs after the first `--warmup` (the JVM's own warm-up).
 
     .venv/bin/python benchmarks/small_batches.py                          # Spark's default 100 against the session's 4,000
@@ -54,6 +55,8 @@ def child(cache: int, runs: int, transactions: int) -> None:
         row: dict[str, Any] = {
             "run": n, "wall": wall, "cpu": cpu.stop(), "compiles": codegen.METRIC_COMPILATION_TIME().getCount() - compiles,
             "batches": len(report.batches), "lines": report.total("rows_read"),
+            "batch_seconds": sum(b.seconds for b in report.batches),
+            "stages": {k: sum(b.stage_seconds.get(k, 0.0) for b in report.batches) for k in report.batches[0].stage_seconds},
         }
         print(json.dumps(row), flush=True)
         shutil.rmtree(run_root, ignore_errors=True)
@@ -80,11 +83,14 @@ def main() -> None:
         rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
         for r in rows:
             cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
-            say(f"  run {r['run']:2d}: {r['wall']:5.2f} s, {r['batches']} batch(es), {r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
+            stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
+            say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
+                f"{r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
         warm = rows[args.warmup:]
         if warm:
             jvm = statistics.median(r["cpu"].get("jvm", 0.0) for r in warm)
             say(f"  median of runs {args.warmup}-{len(rows) - 1}: {statistics.median(r['wall'] for r in warm):.2f} s wall, "
+                f"{statistics.median(r['batch_seconds'] for r in warm):.2f} s in batches, "
                 f"{jvm:.1f} s JVM CPU, {statistics.median(r['compiles'] for r in warm):.0f} compiles")
     banner("done")
     exit_now(0)
