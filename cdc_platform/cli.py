@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cdc_platform import spark_errors
-from cdc_platform.processes import stop_on_signals
 from cdc_platform.config import PlatformConfig, check_spark_master, lake_from_flag, load_config
 from cdc_platform.errors import CdcError, LakeError, QueryError
+from cdc_platform.processes import stop_on_signals
 from cdc_platform.storage import LakePath, is_remote
 
 DEMO_DIR = Path(".cdc-demo")

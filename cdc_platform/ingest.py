@@ -50,6 +50,7 @@ from cdc_platform.stage import (
     SparkBatch,
     SparkStage,
     Stage,
+    StageFailure,
     StageResult,
     run_spark_stage,
     run_stage,
@@ -89,8 +90,6 @@ class _Gate:
     def wait(self) -> None:
         self._event.wait()
         if self._failed:
-            from cdc_platform.stage import StageFailure
-
             raise StageFailure(self._failure)
 
 

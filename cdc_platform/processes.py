@@ -3,7 +3,8 @@
 Every server a test, a benchmark or `make stack` starts listens on 127.0.0.1 on a port the OS handed out,
 leads a process group of its own (so stopping it stops its children: executors, Python workers), and is
 sent a signal by the kernel when the thread that started it dies, even by SIGKILL, so nothing outlives
-the run that needed it.
+the run that needed it. Also how a long-running command turns Ctrl-C and `kill PID` into a clean stop
+(`stop_on_signals`).
 """
 
 from __future__ import annotations
