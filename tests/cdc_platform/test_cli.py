@@ -61,20 +61,52 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     assert "already contains files" in capsys.readouterr().err
 
 
-def test_installed_entry_point_generate_run_and_sql(tmp_path: Path) -> None:
-    """The real console script, as a user or an external check runs it (one Spark start per call)."""
+def test_installed_entry_point_generate_stream_stopped_by_ctrl_c_and_sql(tmp_path: Path) -> None:
+    """The real console script, as a user or an external check runs it (one Spark start per call):
+    `cdc generate`, `cdc stream` stopped by Ctrl-C while its first batch runs, then `cdc sql`.
+
+    Ctrl-C is SIGINT to the process group, as a terminal sends it. Before `processes.stop_on_signals`,
+    PySpark's SIGINT handler called the JVM inside the main thread's pending Py4J call: Py4J stack traces,
+    then `error: unexpected Py4JError ... a defect of the platform` and exit 2, with the batch cancelled.
+    Now that batch commits, the stream stops and exits 0, and the lake holds every change event once.
+    """
+    from cdc_platform.config import load_config
+    from tests.cdc_platform.test_generate import distinct_changes, read_landing
+
     env = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"}
     out = subprocess.run([str(CDC), "generate", "--out", str(tmp_path / "w"), "--transactions", "40"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert (tmp_path / "w" / "cdc.yaml").is_file()
-    env["CDC_CONFIG"] = str(tmp_path / "w" / "cdc.yaml")
-    run = subprocess.run([str(CDC), "run"], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "batch 0:" in run.stderr and "Setting default log level" not in run.stderr
+    config = tmp_path / "w" / "cdc.yaml"
+    assert config.is_file()
+    env["CDC_CONFIG"] = str(config)
+    checkpoint = load_config(config).checkpoint_dir
+    log = tmp_path / "stream.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([str(CDC), "stream", "--trigger-interval", "1 second"], stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent())
+    try:
+        deadline = time.monotonic() + 240
+        while not (checkpoint / "offsets" / "0").exists():  # batch 0 planned: its foreachBatch is running (or about to)
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        in_flight = not (checkpoint / "commits" / "0").exists()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    assert "stopping after the current batch" in text and "Traceback" not in text and "error:" not in text, text
+    assert not in_flight or "batch 0:" in text, "the batch in flight when Ctrl-C came commits before the stream stops"
+    assert "Setting default log level" not in text
     sql = subprocess.run([str(CDC), "sql", "--lake", str(tmp_path / "w" / "lake"), "--format", "json",
-                          "SELECT count(*) AS events FROM raw_change_events"], capture_output=True, text=True, env=env, timeout=300)
+                          "SELECT count(*) AS n, count(DISTINCT event_id) AS ids FROM raw_change_events"],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert sql.returncode == 0, sql.stderr
-    assert json.loads(sql.stdout)[0]["events"] > 40
+    # Batch 0 holds every file of the sample (fewer than max_files_per_trigger), so the lake is complete.
+    expected = len(distinct_changes(read_landing(tmp_path / "w" / "landing")))
+    assert json.loads(sql.stdout) == [{"n": expected, "ids": expected}] and expected > 40
 
 
 def test_missing_java_stops_with_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,43 +371,3 @@ def test_append_without_a_workload_is_one_line(tmp_path: Path, capsys: pytest.Ca
     assert main(["generate", "--out", str(tmp_path / "empty"), "--append"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing to append to" in err
-
-
-def test_ctrl_c_stops_cdc_stream_after_the_batch_in_flight_and_loses_nothing(tmp_path: Path, spark: Any, query: Any,
-                                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while `cdc stream`'s first batch runs.
-
-    Before `processes.stop_on_signals`, PySpark's SIGINT handler called the JVM inside the main thread's
-    pending Py4J call: Py4J stack traces, then `error: unexpected Py4JError ... a defect of the platform`
-    and exit 2, with the batch cancelled. Now that batch commits, the stream stops and exits 0, and a
-    `cdc run` afterwards finds every change event exactly once.
-    """
-    from cdc_platform.config import load_config
-    from cdc_platform.generate import generate_workload
-
-    workload = generate_workload(tmp_path, transactions=10, seed=3, track_state=False)
-    checkpoint = load_config(workload.config_path).checkpoint_dir
-    log = tmp_path / "stream.log"
-    env = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(CDC), "stream", "--config", str(workload.config_path), "--trigger-interval", "1 second"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent())
-    try:
-        deadline = time.monotonic() + 240
-        while not (checkpoint / "offsets" / "0").exists():  # batch 0 planned: its foreachBatch is running (or about to)
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        in_flight = not (checkpoint / "commits" / "0").exists()
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = log.read_text()
-    assert "stopping after the current batch" in text and "Traceback" not in text and "error:" not in text, text
-    assert not in_flight or "batch 0:" in text, "the batch in flight when Ctrl-C came commits before the stream stops"
-    assert main(["run", "--config", str(workload.config_path)]) == 0
-    capsys.readouterr()
-    events = query(tmp_path / "lake", "SELECT count(*) AS n, count(DISTINCT event_id) AS ids FROM raw_change_events")[0]
-    assert events == {"n": workload.change_events, "ids": workload.change_events}
