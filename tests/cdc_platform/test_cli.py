@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.cli import build_parser, describe_error, format_rows, main
-from cdc_platform.processes import die_with_parent
+from tests.testbed.streaming import StreamProcess
 
 REPO = Path(__file__).resolve().parents[2]
 CDC = Path(sys.executable).parent / "cdc"
@@ -81,21 +80,17 @@ def test_installed_entry_point_generate_stream_stopped_by_ctrl_c_and_sql(tmp_pat
     env["CDC_CONFIG"] = str(config)
     checkpoint = load_config(config).checkpoint_dir
     log = tmp_path / "stream.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([str(CDC), "stream", "--trigger-interval", "1 second"], stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent())
+    stream = StreamProcess([str(CDC), "stream", "--trigger-interval", "1 second"], log, env=env)
+    stream.start()
     try:
         deadline = time.monotonic() + 240
         while not (checkpoint / "offsets" / "0").exists():  # batch 0 planned: its foreachBatch is running (or about to)
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            assert stream.alive() and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         in_flight = not (checkpoint / "commits" / "0").exists()
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 0, log.read_text()
+        assert stream.stop(timeout=120) == 0, log.read_text()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stream.kill()
     text = log.read_text()
     assert "stopping after the current batch" in text and "Traceback" not in text and "error:" not in text, text
     assert not in_flight or "batch 0:" in text, "the batch in flight when Ctrl-C came commits before the stream stops"

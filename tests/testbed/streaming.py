@@ -1,14 +1,20 @@
 """What the end-to-end tests share: `IngestJob` streaming in the test's process, as `cdc stream` does,
-with a wait for a condition on the lake that fails at once when the stream does."""
+with a wait for a condition on the lake that fails at once when the stream does; and `cdc stream` as a
+child process, for the tests that kill it or stop it as a user does."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.errors import LakeError
+from cdc_platform.processes import die_with_parent
 from cdc_platform.ingest import IngestJob
 from cdc_platform.lake import REGISTRY_FILE
 
@@ -48,3 +54,44 @@ class Running:
         self.job.stop_after_batch(self.query)  # `query.stop()` alone interrupts a batch in flight (CI saw it)
         if self.job._failure is not None:
             raise self.job._failure
+
+
+class StreamProcess:
+    """A `cdc stream` child in its own process group, so a SIGKILL takes its JVM and Python workers with it, and
+    gone with pytest even when the run is interrupted (`die_with_parent`). `stop` is a Ctrl-C to the group, as a
+    terminal sends it: the stream finishes the batch in flight and exits."""
+
+    def __init__(self, argv: list[str], log: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.argv, self.log, self.env, self.cwd = argv, log, env, cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
+                                         cwd=self.cwd, preexec_fn=die_with_parent())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """Ctrl-C, then its exit code; SIGKILL (and None) if it has not exited after `timeout` seconds."""
+        if self.alive():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return None
+        return None if self.proc is None else self.proc.returncode
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])

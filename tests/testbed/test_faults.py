@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -24,9 +22,8 @@ from typing import Any
 import yaml
 
 from cdc_platform.config import load_config
-from cdc_platform.processes import die_with_parent
 from cdc_platform.testbed import Stack, consume_all
-from tests.testbed.streaming import rows_once_set_up
+from tests.testbed.streaming import StreamProcess, rows_once_set_up
 
 PREFIX = "faults_pg"
 ACCOUNTS = "f_accounts"
@@ -63,42 +60,10 @@ class Workload:
             self.error = exc
 
 
-class Stream:
-    """`cdc stream` as a subprocess in its own process group, so SIGKILL takes its JVM and Python workers."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config, self.log, self.proc = config, log, None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "cdc_platform", "stream", "--config", str(self.config),
-                                          "--trigger-interval", "1 second"], stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env=env, cwd=self.config.parent,
-                                         preexec_fn=die_with_parent())  # gone with pytest, even an interrupted one
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            os.killpg(self.proc.pid, signal.SIGINT)  # `cdc stream` finishes the batch in flight, then exits
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
+def cdc_stream(config: Path, log: Path) -> StreamProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return StreamProcess([sys.executable, "-m", "cdc_platform", "stream", "--config", str(config), "--trigger-interval", "1 second"],
+                         log, env=env, cwd=config.parent)
 
 
 def test_killed_connect_restarted_broker_and_killed_stream_lose_and_double_nothing(testbed: Stack, tmp_path: Path, query) -> None:  # noqa: ANN001
@@ -117,7 +82,7 @@ def test_killed_connect_restarted_broker_and_killed_stream_lose_and_double_nothi
     config_path = tmp_path / "cdc.yaml"
     config_path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     cfg = load_config(config_path)
-    stream = Stream(config_path, tmp_path / "stream.log")
+    stream = cdc_stream(config_path, tmp_path / "stream.log")
     workload = Workload(bed)
 
     def source_rows(table: str) -> list[tuple[Any, ...]]:
