@@ -4,7 +4,6 @@ child process, for the tests that kill it or stop it as a user does."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -14,7 +13,7 @@ from typing import Any
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.errors import LakeError
-from cdc_platform.processes import die_with_parent
+from cdc_platform.processes import die_with_parent, stop_group
 from cdc_platform.ingest import IngestJob
 from cdc_platform.lake import REGISTRY_FILE
 
@@ -75,23 +74,15 @@ class StreamProcess:
 
     def kill(self) -> None:
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            stop_group(self.proc.pid, signal.SIGKILL, reap=self.proc.poll)
             self.proc.wait()
 
     def stop(self, timeout: float = 60.0) -> int | None:
-        """Ctrl-C, then its exit code; SIGKILL (and None) if it has not exited after `timeout` seconds."""
-        if self.alive():
-            assert self.proc is not None
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                return self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return None
-        return None if self.proc is None else self.proc.returncode
+        """Ctrl-C, then its exit code once the whole group is gone (SIGKILL after `timeout` seconds: -9)."""
+        if self.proc is None:
+            return None
+        stop_group(self.proc.pid, signal.SIGINT, timeout=timeout, reap=self.proc.poll)
+        return self.proc.wait()
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
