@@ -1,16 +1,24 @@
-"""Small micro-batches: what one `cdc run` of a few dozen events costs a warm session, by Spark's generated-code cache.
+"""Small micro-batches: what one `cdc run` of a few dozen events costs a warm session, under Spark settings to compare.
 
 A small batch is where the fixed cost of a micro-batch shows (the freshness target, and most of the test
-suite): the same few planned queries and Delta commits, whatever the data. Each setting of
-`spark.sql.codegen.cache.maxEntries` runs in a process of its own (a static setting, read when Spark
-starts): `--runs` runs of `cdc run`, each into a fresh lake, on the same landing files (a generated
-sample: multi-table transactions with their markers, a duplicate, a malformed line). Printed per run:
-wall seconds, seconds inside the batch by step (`BatchReport.stage_seconds`), CPU seconds by role, and how
-many classes Spark compiled with Janino (`CodegenMetrics`);
-then medians over the runs after the first `--warmup` (the JVM's own warm-up).
+suite): the same few planned queries and Delta commits, whatever the data. Each variant - a name and the
+Spark settings it starts its session with - runs in a process of its own (some settings are static, read
+when Spark starts), `--runs` runs of `cdc run` each, on a generated sample (multi-table transactions with
+their markers, a duplicate, a malformed line):
 
-    .venv/bin/python benchmarks/small_batches.py                          # Spark's default 100 against the session's 4,000
-    .venv/bin/python benchmarks/small_batches.py --cache 100 --cache 4000 --runs 12 --transactions 40
+* by default each run is a fresh lake from the whole sample (the tables created, then one batch);
+* with `--steady` the runs share one lake and each lands the next slice of a sample `--runs` times as
+  big: what a stream's batches see (tables that exist and grow, transactions open across batches).
+
+Printed per run: wall seconds, seconds inside the batch by step (`BatchReport.stage_seconds`, each the
+step's end since the batch began: the steps run side by side), CPU seconds by role, how many classes
+Spark compiled with Janino (`CodegenMetrics`); then per variant the medians over the runs after the first
+`--warmup` (the JVM's own warm-up). `--repeat 2` runs the variants twice, the second time in the reverse
+order, so that a load drifting on this shared machine falls on every variant; the medians pool both.
+
+    .venv/bin/python benchmarks/small_batches.py                            # Spark's codegen cache of 100 against the session's 4,000
+    .venv/bin/python benchmarks/small_batches.py --steady --runs 8 --warmup 2 --repeat 2 \\
+        --variant session --variant snap1=spark.databricks.delta.snapshotPartitions=1
 """
 
 from __future__ import annotations
@@ -30,23 +38,54 @@ from _common import OUT, CpuByRole, banner, exit_now, fresh_dir, say
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+#: The variants run when none is named: the codegen cache at Spark's default and at the session's setting.
+DEFAULT_VARIANTS = ["cache-100=spark.sql.codegen.cache.maxEntries=100", "cache-4000=spark.sql.codegen.cache.maxEntries=4000"]
 
-def child(cache: int, runs: int, transactions: int) -> None:
-    """One process, one Spark session with the given cache size: `runs` runs, a JSON line per run on stdout."""
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """`name` or `name=key=value[,key=value...]`: a variant's name and the settings its session starts with."""
+    name, _, rest = text.partition("=")
+    conf: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--variant {text!r}: settings are key=value, comma-separated")
+        conf[key] = value
+    return name, conf
+
+
+def _slices(landing: Path, n: int) -> dict[Path, list[list[bytes]]]:
+    """Each landed file's lines cut into `n` consecutive slices (the steady runs land one slice each)."""
+    out: dict[Path, list[list[bytes]]] = {}
+    for f in sorted(p for p in landing.rglob("*") if p.is_file()):
+        lines = f.read_bytes().splitlines(keepends=True)
+        out[f.relative_to(landing)] = [lines[i * len(lines) // n:(i + 1) * len(lines) // n] for i in range(n)]
+    return out
+
+
+def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady: bool) -> None:
+    """One process, one Spark session with the variant's settings: `runs` runs, a JSON line per run on stdout."""
     from cdc_platform.config import load_config
     from cdc_platform.generate import generate_workload
     from cdc_platform.ingest import IngestJob
     from cdc_platform.session import get_spark
 
-    root = fresh_dir(OUT / "small_batches" / f"cache-{cache}")
-    sample = generate_workload(root / "sample", transactions=transactions, seed=7, track_state=False)
-    spark = get_spark("bench-small-batches", conf={"spark.sql.codegen.cache.maxEntries": str(cache)})
+    root = fresh_dir(OUT / "small_batches" / name)
+    sample = generate_workload(root / "sample", transactions=transactions * (runs if steady else 1), seed=7, track_state=False)
+    slices = _slices(sample.landing_dir, runs) if steady else {}
+    spark = get_spark("bench-small-batches", conf=conf)
     codegen = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[attr-defined]
     for n in range(runs):
-        run_root = root / f"run-{n}"
-        shutil.copytree(sample.landing_dir, run_root / "landing")
+        run_root = root / ("steady" if steady else f"run-{n}")
+        if steady:
+            for rel, parts in slices.items():
+                target = run_root / "landing" / rel.parent / f"{rel.stem}-{n:04d}{rel.suffix}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(b"".join(parts[n]))
+        else:
+            shutil.copytree(sample.landing_dir, run_root / "landing")
         shutil.copy(sample.config_path, run_root / "cdc.yaml")
-        config = load_config(run_root / "cdc.yaml", lake=run_root / "lake")
+        config = load_config(run_root / "cdc.yaml", lake=run_root / "lake", landing=run_root / "landing")
         compiles = codegen.METRIC_COMPILATION_TIME().getCount()
         cpu = CpuByRole().start()
         t = time.perf_counter()
@@ -59,40 +98,57 @@ def child(cache: int, runs: int, transactions: int) -> None:
             "stages": {k: sum(b.stage_seconds.get(k, 0.0) for b in report.batches) for k in report.batches[0].stage_seconds},
         }
         print(json.dumps(row), flush=True)
-        shutil.rmtree(run_root, ignore_errors=True)
+        if not steady:
+            shutil.rmtree(run_root, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache", type=int, action="append", help="spark.sql.codegen.cache.maxEntries (repeatable; default 100 and 4000)")
+    parser.add_argument("--variant", action="append", metavar="NAME[=KEY=VALUE,...]",
+                        help="a session to measure (repeatable; `session` alone is the session's own settings); "
+                             "default: the codegen cache at 100 and at 4,000")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3, help="runs left out of the medians (default 3)")
-    parser.add_argument("--transactions", type=int, default=20, help="source transactions in the sample (default 20)")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--transactions", type=int, default=20, help="source transactions a run (default 20)")
+    parser.add_argument("--steady", action="store_true", help="one lake, each run landing the next slice of the sample")
+    parser.add_argument("--repeat", type=int, default=1, help="run the variants this many times, alternating their order")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.child, args.runs, args.transactions)
+        name, conf = parse_variant(args.child)
+        child(name, conf, args.runs, args.transactions, args.steady)
         exit_now(0)
-    for cache in args.cache or [100, 4000]:
-        banner(f"spark.sql.codegen.cache.maxEntries = {cache}: {args.runs} runs of {args.transactions} transactions")
-        out = subprocess.run([sys.executable, __file__, "--child", str(cache), "--runs", str(args.runs), "--transactions", str(args.transactions)],
-                             capture_output=True, text=True, cwd=REPO)
-        if out.returncode != 0:
-            say(out.stderr[-3000:])
-            exit_now(out.returncode)
-        rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-        for r in rows:
-            cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
-            stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
-            say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
-                f"{r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
-        warm = rows[args.warmup:]
-        if warm:
-            jvm = statistics.median(r["cpu"].get("jvm", 0.0) for r in warm)
-            say(f"  median of runs {args.warmup}-{len(rows) - 1}: {statistics.median(r['wall'] for r in warm):.2f} s wall, "
-                f"{statistics.median(r['batch_seconds'] for r in warm):.2f} s in batches, "
-                f"{jvm:.1f} s JVM CPU, {statistics.median(r['compiles'] for r in warm):.0f} compiles")
-    banner("done")
+    variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
+    names = [name for name, _ in variants]
+    if len(set(names)) != len(names):
+        raise SystemExit("--variant names must differ")
+    warm: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for rep in range(args.repeat):
+        for text, (name, _) in (zip(args.variant or DEFAULT_VARIANTS, variants) if rep % 2 == 0 else
+                                reversed(list(zip(args.variant or DEFAULT_VARIANTS, variants)))):
+            banner(f"{name} (repeat {rep + 1}/{args.repeat}): {args.runs} runs of {args.transactions} transactions"
+                   f"{', one lake' if args.steady else ', a fresh lake each'}")
+            cmd = [sys.executable, __file__, "--child", text, "--runs", str(args.runs), "--transactions", str(args.transactions)]
+            out = subprocess.run(cmd + (["--steady"] if args.steady else []), capture_output=True, text=True, cwd=REPO)
+            if out.returncode != 0:
+                say(out.stderr[-3000:])
+                exit_now(out.returncode)
+            rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+            for r in rows:
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
+                stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
+                say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
+                    f"{r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
+            warm[name] += rows[args.warmup:]
+    banner(f"medians of the runs after the first {args.warmup} of each process")
+    for name in names:
+        rows = warm[name]
+        if rows:
+            cpu = statistics.median(sum(r["cpu"].values()) for r in rows)
+            jvm = statistics.median(r["cpu"].get("jvm", 0.0) for r in rows)
+            say(f"  {name}: {statistics.median(r['wall'] for r in rows):.2f} s wall, "
+                f"{statistics.median(r['batch_seconds'] for r in rows):.2f} s in batches, {cpu:.1f} s CPU ({jvm:.1f} s JVM), "
+                f"{statistics.median(r['compiles'] for r in rows):.0f} compiles  (n = {len(rows)})")
     exit_now(0)
 
 
