@@ -175,8 +175,11 @@ def get_spark(
         .config("spark.sql.shuffle.partitions", "2")
         # Delta rebuilds a table's snapshot from its log with a shuffle of this many partitions (default
         # 50); at 50, a read of a 30-commit table here cost 1.3-2.6 s against 0.45-0.55 s at 2 (and the
-        # file-list read it replaced, 0.5 s). Logs here are small; on a cluster with big logs raise it.
-        .config("spark.databricks.delta.snapshotPartitions", "2")
+        # file-list read it replaced, 0.5 s). Every guarded write of a batch rebuilds one (Delta's check of
+        # the application transaction); at 1 instead of 2 a small steady batch took 7-17% less CPU in three
+        # comparisons (benchmarks/README.md, "A small batch's CPU"). Logs here are small; on a cluster with
+        # big logs (tables of very many files) raise it.
+        .config("spark.databricks.delta.snapshotPartitions", "1")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "4g")
