@@ -118,14 +118,14 @@ def main() -> None:
         name, conf = parse_variant(args.child)
         child(name, conf, args.runs, args.transactions, args.steady)
         exit_now(0)
-    variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
-    names = [name for name, _ in variants]
+    texts = args.variant or DEFAULT_VARIANTS
+    names = [parse_variant(text)[0] for text in texts]
     if len(set(names)) != len(names):
         raise SystemExit("--variant names must differ")
     warm: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for rep in range(args.repeat):
-        for text, (name, _) in (zip(args.variant or DEFAULT_VARIANTS, variants) if rep % 2 == 0 else
-                                reversed(list(zip(args.variant or DEFAULT_VARIANTS, variants)))):
+        in_order = list(zip(texts, names))
+        for text, name in in_order if rep % 2 == 0 else in_order[::-1]:
             banner(f"{name} (repeat {rep + 1}/{args.repeat}): {args.runs} runs of {args.transactions} transactions"
                    f"{', one lake' if args.steady else ', a fresh lake each'}")
             cmd = [sys.executable, __file__, "--child", text, "--runs", str(args.runs), "--transactions", str(args.transactions)]
