@@ -47,6 +47,8 @@ except ImportError:  # pragma: no cover - exercised by tests/cdc_platform/test_c
         say,
     )
 
+from cdc_platform.processes import stop_group  # after _common, which puts the repo on sys.path
+
 MODES = ("random", "after_offsets", "after_raw", "after_state", "after_metrics")
 
 
@@ -123,21 +125,6 @@ def _watch_dir(mode: str, lake: Path, checkpoint: Path, state_table: str | None)
     return None
 
 
-def _group_alive(pgid: int) -> list[int]:
-    alive = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                alive.append(int(entry))
-    return alive
-
-
 def run_trials(
     work: Path,
     *,
@@ -208,13 +195,9 @@ def run_trials(
                 time.sleep(0.01)
             trial_running.clear()
             alive = proc.poll() is None
-            if alive:
-                os.killpg(proc.pid, signal.SIGKILL)
+            # the JVM and Python workers die with the group: wait until they are gone
+            stop_group(proc.pid, signal.SIGKILL, timeout=10, reap=proc.poll)
             proc.wait()
-            for _ in range(200):  # the JVM and Python workers die with the group; wait until they are gone
-                if not _group_alive(proc.pid):
-                    break
-                time.sleep(0.05)
             logfile.close()
             result = TrialResult(number, mode, time.perf_counter() - started, alive, feeder.landed, note)
             if not alive:

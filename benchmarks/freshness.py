@@ -50,6 +50,7 @@ from _common import (
 )
 
 from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
+from cdc_platform.processes import stop_group
 
 _SOURCE_TS = re.compile(r'("name":"payments","ts_ms":)\d{13}')
 _MARKER_TS = re.compile(r'("status":"(?:BEGIN|END)","id":"[^"]*","ts_ms":)\d{13}')
@@ -196,13 +197,9 @@ def start_stream(config_path: Path, run_dir: Path, trigger_interval: str) -> sub
 
 
 def stop_stream(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """Ctrl-C to the stream's group (it finishes the batch in flight), SIGKILL after 30 s; back when the group is gone."""
+    stop_group(proc.pid, signal.SIGINT, timeout=30, reap=proc.poll)
+    proc.wait()
 
 
 def main() -> int:
