@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,10 +83,18 @@ def maintain(
     vacuum_hours: float = DEFAULT_VACUUM_HOURS,
     now: dt.datetime | None = None,
     progress: Callable[[str], None] | None = None,
+    workers: int = lake_spark.PARALLEL_COMMITS,
 ) -> list[TableMaintenance]:
     """Maintain every Delta table of the lake; latest-state tables also get folded and purged.
 
     `tables` defaults to the lake's registry, so a lake can be maintained without its config file.
+
+    The tables are maintained side by side (`workers` at a time; their VACUUMs one at a time,
+    `lake_spark.vacuum`): each table's steps are a few small jobs and commits, and their driver work
+    and waits overlap. A small lake's 12 tables took a median 28.4 s one after the other against
+    19.9 s four at a time, in a warm session (`benchmarks/maintain.py`). A table that fails does not
+    stop the others: every table is tried, `progress` says each one's outcome as it ends, and then the
+    first failure (in the lake's order) is raised.
     """
     say = progress or (lambda _m: None)
     if not lake_dir.is_dir():
@@ -93,27 +102,36 @@ def maintain(
     now = now or dt.datetime.now(dt.timezone.utc)
     configured = {t.name: t for t in (tables if tables is not None else lake.registered_tables(lake_dir))}
     present = lake.lake_tables(lake_dir)
-    reports: list[TableMaintenance] = []
-    for name, path in present.items():
-        t0 = time.perf_counter()
-        report = TableMaintenance(name)
-        table = configured.get(name)
-        if table is not None:
-            folded = latest_state.compact(path, table, spark)
-            report.folded = folded.folded
-            if folded.truncated:
-                report.notes.append("applied a truncate to the base")
-            report.purged = latest_state.purge_tombstones(path, table, now, spark)
-            if report.purged:
-                report.notes.append(f"retention {_duration(table.tombstone_retention)}")
-        report.files_before = lake_spark.file_count(spark, path)
-        _optimize(spark, path, name)
-        report.files_after = lake_spark.file_count(spark, path)
-        report.vacuumed = lake_spark.vacuum(spark, path, vacuum_hours, enforce_retention=False)
-        report.seconds = time.perf_counter() - t0
-        say(report.summary())
-        reports.append(report)
-    return reports
+    names = list(present)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names))), thread_name_prefix="cdc-maintain") as pool:
+        futures = {pool.submit(_maintain_table, spark, name, present[name], configured.get(name), vacuum_hours, now): name for name in names}
+        for done in as_completed(futures):  # progress as each table ends, said from this thread (a Dagster log is not shared)
+            if done.exception() is None:
+                say(done.result().summary())
+            else:
+                say(f"{futures[done]}: failed: {done.exception()}")
+    by_name = {name: future for future, name in futures.items()}
+    return [by_name[name].result() for name in names]  # the first table that failed, in the lake's order, raises
+
+
+def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
+                    now: dt.datetime) -> TableMaintenance:
+    t0 = time.perf_counter()
+    report = TableMaintenance(name)
+    if table is not None:
+        folded = latest_state.compact(path, table, spark)
+        report.folded = folded.folded
+        if folded.truncated:
+            report.notes.append("applied a truncate to the base")
+        report.purged = latest_state.purge_tombstones(path, table, now, spark)
+        if report.purged:
+            report.notes.append(f"retention {_duration(table.tombstone_retention)}")
+    report.files_before = lake_spark.file_count(spark, path)
+    _optimize(spark, path, name)
+    report.files_after = lake_spark.file_count(spark, path)
+    report.vacuumed = lake_spark.vacuum(spark, path, vacuum_hours, enforce_retention=False)
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
 def _duration(seconds: float) -> str:

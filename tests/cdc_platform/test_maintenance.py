@@ -109,3 +109,34 @@ def test_compaction_is_redone_on_a_conflict_and_a_lasting_one_says_to_rerun_cdc_
     monkeypatch.setattr(lake_spark, "optimize", never)
     with pytest.raises(CommitConflictError, match=r"compacting the files of orders: .* after 8 attempts .*; rerun `cdc maintain`"):
         maintenance._optimize(None, tmp_path / "orders", "orders")
+
+
+def test_a_table_that_fails_leaves_the_others_maintained_and_its_error_is_raised(make_config, spark, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The tables are maintained side by side: one failing neither stops nor hides the others, and its error is raised."""
+    import pytest
+
+    from cdc_platform import maintenance
+    from cdc_platform.errors import LakeError
+
+    cfg = make_config(ORDERS)
+    feed = Feed(cfg)
+    feed([c(1, 100), u(1, 200, amount=1)])
+    feed([c(2, 300)])
+    real = maintenance._optimize
+
+    def optimize(spark, path, name):  # type: ignore[no-untyped-def]
+        if name in ("orders", "raw_change_events"):
+            raise LakeError(f"{name} refused")
+        return real(spark, path, name)
+
+    monkeypatch.setattr(maintenance, "_optimize", optimize)
+    said: list[str] = []
+    names = list(lake.lake_tables(cfg.lake))
+    with pytest.raises(LakeError, match=f"^{min(('orders', 'raw_change_events'), key=names.index)} refused$"):
+        maintain(spark, cfg.lake, tables=cfg.tables, vacuum_hours=168, progress=said.append)
+    assert sorted(line.split(":")[0] for line in said) == sorted(names), "every table's outcome is said"
+    assert {line for line in said if "failed" in line} == {"orders: failed: orders refused", "raw_change_events: failed: raw_change_events refused"}
+    others = [n for n in names if n not in ("orders", "raw_change_events")]
+    assert others and all(lake_spark.history(spark, lake.table_path(cfg.lake, n), 1)[0]["operation"] == "VACUUM END" for n in others)
+    monkeypatch.setattr(maintenance, "_optimize", real)
+    assert [r.name for r in maintain(spark, cfg.lake, tables=cfg.tables, vacuum_hours=168)] == names  # in the lake's order

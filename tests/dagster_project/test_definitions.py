@@ -392,3 +392,29 @@ def test_cdc_pipeline_on_a_lake_in_s3_materialises_and_every_check_passes(
     meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
     assert meta["raw_change_events"]["rows"].value == workload.change_events
     assert meta["customers"]["rows"].value == sum(1 for row in workload.expected_state["payments.customers"].values() if row is not None)
+
+
+def test_the_maintenance_job_maintains_the_configured_lake_and_logs_each_table(tmp_path: Path, spark: Any,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wiring only (`cdc_platform.maintenance` is tested on its own): the op hands `maintain` the resource's session,
+    lake and tables, and each table's outcome reaches the run's log."""
+    from cdc_platform import maintenance
+
+    workload = generate_workload(tmp_path / "w", transactions=5)
+    defs = build_defs(workload.config_path)
+    asked: dict[str, Any] = {}
+
+    def fake(session: Any, lake_dir: Path, *, tables: Any, progress: Any, **_: Any) -> list[Any]:
+        asked.update(session=session, lake=lake_dir, tables=[t.name for t in tables])
+        progress("orders: compacted 3 files into 1 (0.1 s)")
+        return []
+
+    monkeypatch.setattr(maintenance, "maintain", fake)
+    instance = DagsterInstance.ephemeral()
+    run = defs.resolve_job_def("lake_maintenance").execute_in_process(instance=instance)
+    assert run.success
+    from cdc_platform.config import load_config
+
+    config = load_config(workload.config_path)
+    assert asked == {"session": spark, "lake": config.lake, "tables": [t.name for t in config.tables]}
+    assert any("orders: compacted 3 files into 1" in (e.user_message or "") for e in instance.all_logs(run.run_id))
