@@ -120,18 +120,25 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
     return table
 
 
-def side_by_side(actions: Sequence[Callable[[], Any]], *, name: str = "cdc-lake") -> list[Any]:
-    """Run independent table operations (on different tables) in threads; their results in order.
+def side_by_side(actions: Sequence[Callable[[], Any]], *, name: str = "cdc-lake", workers: int = PARALLEL_COMMITS,
+                 on_done: Callable[[int, Any, BaseException | None], None] | None = None) -> list[Any]:
+    """Run independent table operations (on different tables) in threads, `workers` at a time; their results in order.
 
     Every action runs to its end even when one fails, so no table is left half-way because a sibling
-    failed; the first failure is then raised.
+    failed; the first failure (in the actions' order) is then raised. `on_done(index, result, error)` is
+    called in the calling thread as each action ends (progress for a user, say), not in the worker's.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    if len(actions) <= 1:
+    if len(actions) <= 1 and on_done is None:
         return [action() for action in actions]
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_COMMITS, len(actions)), thread_name_prefix=name) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(actions))), thread_name_prefix=name) as pool:
         futures = [pool.submit(action) for action in actions]
+        if on_done is not None:
+            index = {future: i for i, future in enumerate(futures)}
+            for future in as_completed(futures):
+                error = future.exception()
+                on_done(index[future], None if error is not None else future.result(), error)
     return [f.result() for f in futures]
 
 

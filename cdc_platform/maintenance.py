@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,15 +102,14 @@ def maintain(
     configured = {t.name: t for t in (tables if tables is not None else lake.registered_tables(lake_dir))}
     present = lake.lake_tables(lake_dir)
     names = list(present)
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names))), thread_name_prefix="cdc-maintain") as pool:
-        futures = {pool.submit(_maintain_table, spark, name, present[name], configured.get(name), vacuum_hours, now): name for name in names}
-        for done in as_completed(futures):  # progress as each table ends, said from this thread (a Dagster log is not shared)
-            if done.exception() is None:
-                say(done.result().summary())
-            else:
-                say(f"{futures[done]}: failed: {done.exception()}")
-    by_name = {name: future for future, name in futures.items()}
-    return [by_name[name].result() for name in names]  # the first table that failed, in the lake's order, raises
+
+    def said(i: int, report: TableMaintenance | None, error: BaseException | None) -> None:
+        say(f"{names[i]}: failed: {error}" if report is None else report.summary())
+
+    return lake_spark.side_by_side(  # reports in the lake's order; the first table that failed, in that order, raises
+        [lambda name=name: _maintain_table(spark, name, present[name], configured.get(name), vacuum_hours, now) for name in names],
+        name="cdc-maintain", workers=workers, on_done=said,
+    )
 
 
 def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
