@@ -40,6 +40,12 @@ def banner(title: str) -> None:
     say(f"== {title} == {time.strftime('%Y-%m-%d %H:%M:%S')}  {load_average()}")
 
 
+def alternating(items: list[Any], repeat: int) -> list[Any]:
+    """`items` `repeat` times, every second time reversed (a b, b a, a b ...): a load drifting on this shared
+    machine then falls on every item alike, which is how benchmarks here compare settings."""
+    return [item for i in range(repeat) for item in (items if i % 2 == 0 else items[::-1])]
+
+
 def transactions_for(events: int) -> int:
     """Transactions the generator needs for at least `events` change events (it reports the exact count)."""
     return max(1, -(-events * 100 // int(EVENTS_PER_TRANSACTION * 100)))

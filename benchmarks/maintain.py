@@ -17,7 +17,7 @@ import statistics
 import time
 
 import yaml
-from _common import OUT, banner, fresh_dir, say
+from _common import OUT, alternating, banner, fresh_dir, say
 
 from cdc_platform.config import load_config
 from cdc_platform.generate import generate_workload
@@ -60,7 +60,7 @@ def main() -> None:
 
     banner("warm-up run (not counted)")
     run(settings[-1], 0)
-    order = [s for i in range(args.repeat) for s in (settings if i % 2 == 0 else settings[::-1])]
+    order = alternating(settings, args.repeat)
     banner(f"measured runs, in this order: {order}")
     seconds: dict[int, list[float]] = {s: [] for s in settings}
     for n, workers in enumerate(order, start=1):

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, CpuByRole, banner, exit_now, fresh_dir, say
+from _common import OUT, CpuByRole, alternating, banner, exit_now, fresh_dir, say
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -123,23 +123,22 @@ def main() -> None:
     if len(set(names)) != len(names):
         raise SystemExit("--variant names must differ")
     warm: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for rep in range(args.repeat):
-        in_order = list(zip(texts, names))
-        for text, name in in_order if rep % 2 == 0 else in_order[::-1]:
-            banner(f"{name} (repeat {rep + 1}/{args.repeat}): {args.runs} runs of {args.transactions} transactions"
-                   f"{', one lake' if args.steady else ', a fresh lake each'}")
-            cmd = [sys.executable, __file__, "--child", text, "--runs", str(args.runs), "--transactions", str(args.transactions)]
-            out = subprocess.run(cmd + (["--steady"] if args.steady else []), capture_output=True, text=True, cwd=REPO)
-            if out.returncode != 0:
-                say(out.stderr[-3000:])
-                exit_now(out.returncode)
-            rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-            for r in rows:
-                cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
-                stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
-                say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
-                    f"{r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
-            warm[name] += rows[args.warmup:]
+    for n, (text, name) in enumerate(alternating(list(zip(texts, names)), args.repeat)):
+        rep = n // len(names)
+        banner(f"{name} (repeat {rep + 1}/{args.repeat}): {args.runs} runs of {args.transactions} transactions"
+               f"{', one lake' if args.steady else ', a fresh lake each'}")
+        cmd = [sys.executable, __file__, "--child", text, "--runs", str(args.runs), "--transactions", str(args.transactions)]
+        out = subprocess.run(cmd + (["--steady"] if args.steady else []), capture_output=True, text=True, cwd=REPO)
+        if out.returncode != 0:
+            say(out.stderr[-3000:])
+            exit_now(out.returncode)
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        for r in rows:
+            cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
+            stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
+            say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
+                f"{r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
+        warm[name] += rows[args.warmup:]
     banner(f"medians of the runs after the first {args.warmup} of each process")
     for name in names:
         rows = warm[name]
