@@ -14,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_platform.schemas import conform
+
 #: Rows per encoded chunk: bounds one payload (a Spark row) whatever the batch size.
 CHUNK_ROWS = 20_000
 
@@ -48,15 +50,6 @@ def decoder(schema: pa.Schema, constants: Mapping[str, Any] | None = None) -> Ca
             for payload in batch.column(batch.schema.get_field_index("payload")).to_pylist():
                 if payload is None:
                     continue
-                rows = decode_one(payload)
-                arrays = []
-                for f in schema:
-                    if f.name in fixed:
-                        arrays.append(pa.array([fixed[f.name]] * rows.num_rows, f.type))
-                    elif f.name in rows.column_names:
-                        arrays.append(rows.column(f.name).cast(f.type, safe=False))
-                    else:
-                        arrays.append(pa.nulls(rows.num_rows, f.type))
-                yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
+                yield from conform(decode_one(payload), schema, safe=False, constants=fixed).to_batches()
 
     return run

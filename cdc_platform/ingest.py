@@ -148,11 +148,6 @@ def _parsed_frame(spark: SparkSession, parsed: pa.Table) -> DataFrame:
     return frame.withColumn(parse_spark.SEQ, F.monotonically_increasing_id())
 
 
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Spark's Arrow output in the exact types (and nullability) the stages expect."""
-    return pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in schema], schema=schema)
-
-
 def split_parsed(parsed: pa.Table, batch_id: int, ingested_at: dt.datetime | None = None) -> ParsedBatch:
     """Split the parser's wide rows by kind and shape them to their tables' schemas."""
     ingested_at = ingested_at or _now()

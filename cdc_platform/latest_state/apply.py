@@ -31,7 +31,6 @@ from cdc_platform.latest_state.rows import (
     TypedRows,
     build_rows,
     change_rows,
-    conform,
     history_schema,
     last_per_key,
     source_columns,
@@ -120,10 +119,10 @@ def prepare_table(
     out.truncates = sum(1 for i in chosen if rows[i].key is None)
     out.added_columns, out.widened_columns = len(typed.added), len(typed.widened)
     plan.state_target, plan.state_rewrite = _evolved(current, typed.columns, META_FIELDS)
-    plan.state = conform(build_rows(typed, events, sorted(chosen), table.key, seq=0), plan.state_target)
+    plan.state = schemas.conform(build_rows(typed, events, sorted(chosen), table.key, seq=0), plan.state_target, safe=False)
     if table.history:
         plan.history_target, plan.history_rewrite = _evolved(hcurrent if hcurrent is not None else history_schema({}), typed.columns, HISTORY_META)
-        plan.history = conform(build_rows(typed, events, live, table.key, seq=0, history=True), plan.history_target)
+        plan.history = schemas.conform(build_rows(typed, events, live, table.key, seq=0, history=True), plan.history_target, safe=False)
     return plan
 
 

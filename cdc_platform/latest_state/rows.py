@@ -3,7 +3,7 @@
 Change rows per event (key changes and truncates included, `change_rows`), the last change per key
 (`last_per_key`), typing a batch against the stored source columns (`type_rows`: widening, dead
 letters for incompatible values) and the Arrow tables of the latest-state and history schemas
-(`build_rows`, `conform`). It reads a stored schema but writes nothing, so the stage, a rebuild and
+(`build_rows`; `schemas.conform` shapes them to a table's stored schema). It reads a stored schema but writes nothing, so the stage, a rebuild and
 the type property tests share it without touching Delta.
 """
 
@@ -459,14 +459,3 @@ def source_columns(schema: pa.Schema, meta: Iterable[pa.Field] = META_FIELDS) ->
 
 def table_schema(path: Path) -> pa.Schema:
     return pa.schema(lake.open_table(path).schema().to_arrow())
-
-
-def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`data` with exactly `schema`'s columns, in order: missing ones null, present ones cast."""
-    arrays = []
-    for f in schema:
-        if f.name in data.column_names:
-            arrays.append(data.column(f.name).cast(f.type, safe=False))
-        else:
-            arrays.append(pa.nulls(data.num_rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)

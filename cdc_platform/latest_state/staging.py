@@ -125,9 +125,7 @@ def schema_of(text: str | None) -> pa.Schema | None:
 def _events_of(rows: pa.Table) -> pa.Table:
     """The group's rows in batch order, shaped as the raw log (the columns the shuffle left out are null)."""
     rows = rows.sort_by(ORDER) if ORDER in rows.column_names else rows
-    arrays = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-              for f in schemas.RAW_CHANGE_EVENTS]
-    return pa.Table.from_arrays(arrays, schema=schemas.RAW_CHANGE_EVENTS)
+    return schemas.conform(rows, schemas.RAW_CHANGE_EVENTS)
 
 
 def stage_table(ctx: StagingContext, table_id: str, rows: pa.Table) -> pa.Table:

@@ -173,7 +173,7 @@ def test_corpus_through_the_stream(tmp_path: Path, spark: Any, make_config: Any)
 KNOWN_STAGE_FAILURES: set[tuple[str, str]] = set()
 
 
-def test_every_stage_survives_the_corpus(tmp_path: Path, make_config: Any) -> None:
+def test_every_stage_survives_the_corpus(tmp_path: Path, spark: Any, make_config: Any) -> None:
     import traceback
 
     import pyarrow as pa

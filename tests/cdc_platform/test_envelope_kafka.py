@@ -73,7 +73,6 @@ def test_file_lines_have_null_origin_and_non_utf8_kafka_values_dead_letter() -> 
 
 def test_the_executors_carry_the_kafka_columns_like_the_parser_in_the_driver(spark) -> None:  # noqa: ANN001
     from cdc_platform import parse_spark, schemas
-    from cdc_platform.ingest import _conform
 
     n = 40
     values = [change("c", None, {"id": i}, 100 + i) if i % 5 else None for i in range(n)]
@@ -81,6 +80,8 @@ def test_the_executors_carry_the_kafka_columns_like_the_parser_in_the_driver(spa
     lines = pa.Table.from_batches([batch]).append_column("ignored", pa.array(["x"] * n))  # other columns are dropped
     in_driver = pa.Table.from_batches(list(parse_arrow_batches(iter([batch]), KEYS)), schemas.PARSED)
     parsed = parse_spark.parse_lines(spark.createDataFrame(lines).coalesce(1), KEYS)
-    on_executors = _conform(parsed.orderBy(parse_spark.SEQ).drop(parse_spark.SEQ).toArrow(), schemas.PARSED)
+    out = parsed.orderBy(parse_spark.SEQ).drop(parse_spark.SEQ).toArrow()
+    assert sorted(out.column_names) == sorted(schemas.PARSED.names)
+    on_executors = schemas.conform(out, schemas.PARSED)
     assert on_executors.equals(in_driver)
     assert on_executors.column("kafka_offset").to_pylist() == list(range(n))
