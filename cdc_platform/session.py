@@ -128,6 +128,20 @@ def loopback_standalone(master: str) -> bool:
     return all(h in _LOOPBACK_HOSTS for h in hosts)
 
 
+def python_daemon(master: str | None) -> dict[str, str]:
+    """The session's Python daemon setting for `master`: `spark_daemon` where the executors run this machine's
+    environment (local mode, a standalone cluster on loopback), nothing elsewhere.
+
+    Spark's Python workers re-read the directories of pyspark.zip, py4j's zip and the spark-core jar before
+    every task on Python 3.11 (88 ms of CPU each); `spark_daemon` reads them only when an archive changed.
+    A remote cluster's executors would have to import `cdc_platform` before any `--py-files` arrive, so
+    there it is the user's setting (README, "On a cluster").
+    """
+    if master is not None and (master.startswith("local") or loopback_standalone(master)):
+        return {"spark.python.daemon.module": "cdc_platform.spark_daemon"}
+    return {}
+
+
 def get_spark(
     app_name: str = "cdc-platform", master: str | None = None, conf: Mapping[str, str] | None = None, object_store: bool = False
 ) -> SparkSession:
@@ -205,7 +219,7 @@ def get_spark(
         # A class with its source key is ~15-30 KB, so a full cache is ~100 MB of driver (or executor) memory.
         .config("spark.sql.codegen.cache.maxEntries", "4000")
     )
-    for key, value in {**DELTA_CONF, **(conf or {})}.items():
+    for key, value in {**DELTA_CONF, **python_daemon(master), **(conf or {})}.items():
         builder = builder.config(key, value)
     _SESSION = builder.getOrCreate()
     _OBJECT_STORE = object_store
