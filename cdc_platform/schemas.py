@@ -139,15 +139,17 @@ def conform(table: pa.Table, schema: pa.Schema, *, safe: bool = True, constants:
     `table.column_names` per field rebuilds that list each time, which for a 5,001-column row
     (tests/data/bad_input/35_very_wide_row.jsonl) cost 21 s of one batch on the driver.
     """
-    index = {name: i for i, name in enumerate(table.column_names)}
+    index: dict[str, int | None] = {}
+    for i, name in enumerate(table.column_names):
+        index[name] = None if name in index else i  # a name held twice: Arrow's lookup by name refuses it below
     fixed = constants or {}
     arrays = []
     for f in schema:
-        i = index.get(f.name)
         if f.name in fixed:
             arrays.append(pa.array([fixed[f.name]] * table.num_rows, f.type))
-        elif i is None:
+        elif f.name not in index:
             arrays.append(pa.nulls(table.num_rows, f.type))
         else:
-            arrays.append(table.column(i).cast(f.type, safe=safe))
+            i = index[f.name]
+            arrays.append((table.column(f.name) if i is None else table.column(i)).cast(f.type, safe=safe))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -3,8 +3,8 @@
 Change rows per event (key changes and truncates included, `change_rows`), the last change per key
 (`last_per_key`), typing a batch against the stored source columns (`type_rows`: widening, dead
 letters for incompatible values) and the Arrow tables of the latest-state and history schemas
-(`build_rows`; `schemas.conform` shapes them to a table's stored schema). It reads a stored schema but writes nothing, so the stage, a rebuild and
-the type property tests share it without touching Delta.
+(`build_rows`; `schemas.conform` shapes them to a table's stored schema). It reads a stored schema
+but writes nothing, so the stage, a rebuild and the type property tests share it without touching Delta.
 """
 
 from __future__ import annotations

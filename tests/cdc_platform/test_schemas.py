@@ -42,3 +42,10 @@ def test_a_wide_row_keeps_every_column_in_place() -> None:
     assert got.column_names == target.names
     assert [got.column(i)[0].as_py() for i in range(n)] == list(range(n))
     assert got.column("missing").null_count == 1
+
+
+def test_a_column_named_twice_is_refused_when_the_schema_asks_for_it() -> None:
+    data = pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array(["x"])], names=["n", "n", "s"])
+    assert conform(data, pa.schema([pa.field("s", pa.string())])).to_pydict() == {"s": ["x"]}
+    with pytest.raises(KeyError, match="n"):
+        conform(data, pa.schema([pa.field("n", pa.int64())]))
