@@ -42,10 +42,7 @@ def run_once(spark: Any, config: Any, label: str) -> dict[str, Any]:
     report = IngestJob(config).run_available_now(spark)
     seconds = time.perf_counter() - t0
     landed = report.landed().get(RAW, 0)
-    stages: dict[str, float] = {}
-    for batch in report.batches:
-        for name, value in batch.stage_seconds.items():
-            stages[name] = stages.get(name, 0.0) + value
+    stages = report.stage_seconds()
     say(f"{label}: {seconds:.1f} s, {landed / seconds:,.0f} change events/s, {len(report.batches)} batches; "
         + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     return {"label": label, "seconds": seconds, "landed": landed, "batches": len(report.batches), "stages": stages}

@@ -95,7 +95,7 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
             "run": n, "wall": wall, "cpu": cpu.stop(), "compiles": codegen.METRIC_COMPILATION_TIME().getCount() - compiles,
             "batches": len(report.batches), "lines": report.total("rows_read"),
             "batch_seconds": sum(b.seconds for b in report.batches),
-            "stages": {k: sum(b.stage_seconds.get(k, 0.0) for b in report.batches) for k in report.batches[0].stage_seconds},
+            "stages": report.stage_seconds(),
         }
         print(json.dumps(row), flush=True)
         if not steady:

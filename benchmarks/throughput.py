@@ -346,10 +346,7 @@ def main() -> int:
     say(f"    {memory_line(run_mem)}")
     say(f"    {cpu_line(run_cpu, run_s)}")
     in_batches = sum(b.seconds for b in report.batches)
-    by_stage: dict[str, float] = {}
-    for b in report.batches:
-        for k, v in b.stage_seconds.items():
-            by_stage[k] = by_stage.get(k, 0.0) + v
+    by_stage = report.stage_seconds()
     say(
         f"    where the time went: spark outside foreachBatch (trigger, listing, planning) {run_s - in_batches:.1f} s; "
         + ", ".join(f"stage {k} {v:.1f} s" for k, v in by_stage.items())

@@ -58,7 +58,7 @@ def run_width(spark: Any, root: Path, columns: int, rows: int, batches: int) -> 
         t = time.perf_counter()
         report = IngestJob(config).run_available_now(spark)
         wall = time.perf_counter() - t
-        stages = {k: round(sum(b.stage_seconds.get(k, 0.0) for b in report.batches), 2) for k in report.batches[0].stage_seconds}
+        stages = {k: round(v, 2) for k, v in report.stage_seconds().items()}
         say(f"  {columns:>6,} columns, run {batch}: {wall:6.2f} s ({len(report.batches)} batch, {report.total('rows_read')} lines) {stages}")
         out.append({"wall": wall, "stages": stages})
     return out

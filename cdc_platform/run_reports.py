@@ -7,8 +7,9 @@ Kept apart from the job (`ingest.py`) so that tools and tests can read a run's f
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from cdc_platform import lake
 
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
 
     from cdc_platform import parse_spark
     from cdc_platform.stage import BatchContext
+
+
+Number = TypeVar("Number", int, float)
 
 
 @dataclass
@@ -71,8 +75,17 @@ class RunReport:
         return sum(getattr(b, attr) for b in self.batches)
 
     def landed(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for b in self.batches:
-            for k, v in b.rows_landed.items():
-                out[k] = out.get(k, 0) + v
-        return out
+        """Rows landed per table over the run's batches."""
+        return _summed(b.rows_landed for b in self.batches)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per step (split, raw, each stage, ...) over the run's batches: where a run's time went."""
+        return _summed(b.stage_seconds for b in self.batches)
+
+
+def _summed(parts: Iterable[Mapping[str, Number]]) -> dict[str, Number]:
+    out: dict[str, Number] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    return out
