@@ -141,3 +141,21 @@ def test_manifest_naming_an_absent_jar_is_not_ready(tmp_path: Path) -> None:
 def test_setup_filled_the_default_folder() -> None:
     doc = json.loads((JARS_DIR / JARS_MANIFEST).read_text(encoding="utf-8"))
     assert any(j["coordinates"].startswith("io.delta:delta-spark_4.1_2.13:") for j in doc["jars"])
+
+
+def test_the_suites_session_keeps_both_jit_tiers_and_its_children_start_with_the_quick_one(spark: Any) -> None:
+    """tests/conftest.py: the children's Spark settings are in SPARK_CONF_DIR; the suite's own JVM overrides them."""
+    import os
+    from importlib import resources
+
+    from cdc_platform.session import SHORT_LIVED_JVM
+
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert not [a for a in runtime.getInputArguments() if a.startswith("-XX:TieredStopAtLevel")]
+    folder = Path(os.environ["SPARK_CONF_DIR"])
+    defaults = dict(line.split(" ", 1) for line in (folder / "spark-defaults.conf").read_text(encoding="utf-8").splitlines())
+    quick = SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
+    assert "-XX:TieredStopAtLevel=1" in quick.split()
+    assert defaults == {"spark.driver.extraJavaOptions": quick, "spark.executor.extraJavaOptions": quick}
+    package_logging = resources.files("cdc_platform").joinpath("spark_conf", "log4j2.properties").read_bytes()
+    assert (folder / "log4j2.properties").read_bytes() == package_logging  # the children stay as quiet as a user's run
