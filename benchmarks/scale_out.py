@@ -40,6 +40,7 @@ from typing import Any
 from _common import OUT, REPO, banner, cpu_seconds, descendants, exit_now, fresh_dir, load_average, say, transactions_for, workload
 
 from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
+from cdc_platform.stage import summed
 
 RUN_DIR = OUT / "scale_out"
 
@@ -163,10 +164,7 @@ def inspect(spark: Any, lake_dir: Path) -> dict[str, Any]:
         "SELECT batch_id, started_at, finished_at, rows_read, stage_seconds FROM pipeline_metrics ORDER BY batch_id"
     ).collect()]
     inside = sum((r["finished_at"] - r["started_at"]).total_seconds() for r in rows)
-    by_step: dict[str, float] = {}
-    for r in rows:
-        for k, v in (r["stage_seconds"] or {}).items():
-            by_step[k] = by_step.get(k, 0.0) + v
+    by_step: dict[str, float] = summed(r["stage_seconds"] or {} for r in rows)
     return {"counts": counts, "rows_read": sum(r["rows_read"] for r in rows), "inside_foreach_batch": inside, "by_step": by_step}
 
 

@@ -7,20 +7,17 @@ Kept apart from the job (`ingest.py`) so that tools and tests can read a run's f
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from cdc_platform import lake
+from cdc_platform.stage import summed
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from cdc_platform import parse_spark
     from cdc_platform.stage import BatchContext
-
-
-Number = TypeVar("Number", int, float)
 
 
 @dataclass
@@ -76,16 +73,8 @@ class RunReport:
 
     def landed(self) -> dict[str, int]:
         """Rows landed per table over the run's batches."""
-        return _summed(b.rows_landed for b in self.batches)
+        return summed(b.rows_landed for b in self.batches)
 
     def stage_seconds(self) -> dict[str, float]:
         """Seconds per step (split, raw, each stage, ...) over the run's batches: where a run's time went."""
-        return _summed(b.stage_seconds for b in self.batches)
-
-
-def _summed(parts: Iterable[Mapping[str, Number]]) -> dict[str, Number]:
-    out: dict[str, Number] = {}
-    for part in parts:
-        for k, v in part.items():
-            out[k] = out.get(k, 0) + v
-    return out
+        return summed(b.stage_seconds for b in self.batches)

@@ -27,9 +27,9 @@ This module imports no stage and no job: stages and the job both import it, neve
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -143,6 +143,18 @@ class SparkStage(Protocol):
     def setup(self, config: PlatformConfig) -> None: ...
 
     def run(self, batch: SparkBatch, ctx: BatchContext) -> StageResult: ...
+
+
+Number = TypeVar("Number", int, float)
+
+
+def summed(parts: Iterable[Mapping[str, Number]]) -> dict[str, Number]:
+    """Figures by name summed over parts (batches, buckets, stages), with every name any part has."""
+    out: dict[str, Number] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 class StageFailure(CdcError):

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from cdc_platform import schemas
 from cdc_platform.arrow_parts import chunks
-from cdc_platform.stage import ParsedBatch, StageFailure, describe_error, prepare_isolated
+from cdc_platform.stage import ParsedBatch, StageFailure, describe_error, prepare_isolated, summed
 from cdc_platform.transactions.aggregation import (
     Clocks,
     Held,
@@ -260,10 +260,7 @@ def fold_locally(
     _, watermark, global_rows = finish(held.sources, clocks, held_back, reduce_candidates(cands, held_back), batch_id, now)
     parts = [r.settled for r in results]
     new_state = pa.concat_tables([p.still_open for p in parts] + [p.kept_finished for p in parts] + [global_rows])
-    figures: dict[str, float] = {}
-    for p in parts:
-        for k, v in settled_figures(p).items():
-            figures[k] = figures.get(k, 0.0) + v
+    figures: dict[str, float] = summed(settled_figures(p) for p in parts)
     figures["state_rows"] = float(new_state.num_rows)
     return Step(
         state=new_state,

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from cdc_platform import arrow_parts, lake, lake_spark, schemas
 from cdc_platform.config import PlatformConfig
-from cdc_platform.stage import DEAD_LETTER, STAGE_ERROR, BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows, poison_reason
+from cdc_platform.stage import DEAD_LETTER, STAGE_ERROR, BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows, poison_reason, summed
 from cdc_platform.storage import LakePath
 from cdc_platform.transactions import buckets as B
 from cdc_platform.transactions.aggregation import CLOCK, _read_streams, advance
@@ -176,10 +176,7 @@ class SparkTransactionStage:
             summary = [json.loads(r["info"]) for r in summaries if r["part"] == B.SUMMARY]
             poison = [json.loads(r["info"]) for r in summaries if r["part"] == B.POISON]
             held_back = Blocks.combine([Blocks.from_json(s["blocks"]) for s in summary])
-            figures: dict[str, float] = {}
-            for s in summary:
-                for k, v in s["figures"].items():
-                    figures[k] = figures.get(k, 0.0) + v
+            figures: dict[str, float] = summed(s["figures"] for s in summary)
             if not guarded and not figures.get("expired"):
                 return StageResult()  # an idle tick that expired nothing commits nothing
             for k in ("completed", "expired", "late", "open", "finished_kept", "merged"):
