@@ -12,7 +12,8 @@ their markers, a duplicate, a malformed line):
 
 Printed per run: wall seconds, seconds inside the batch by step (`BatchReport.stage_seconds`, each the
 step's end since the batch began: the steps run side by side), CPU seconds by role, how many classes
-Spark compiled with Janino (`CodegenMetrics`); then per variant the medians over the runs after the first
+Spark compiled with Janino (`CodegenMetrics`), the Spark jobs it ran and the Delta commits it made (each a
+log version of one of the lake's tables); then per variant the medians over the runs after the first
 `--warmup` (the JVM's own warm-up). `--repeat 2` runs the variants twice, the second time in the reverse
 order, so that a load drifting on this shared machine falls on every variant; the medians pool both.
 
@@ -63,6 +64,19 @@ def _slices(landing: Path, n: int) -> dict[Path, list[list[bytes]]]:
     return out
 
 
+def _commits(lake: Path) -> int:
+    """Delta commits so far, over every table of the lake (a commit is one `_delta_log/<version>.json`)."""
+    return sum(1 for _ in lake.glob("*/_delta_log/*.json")) if lake.is_dir() else 0
+
+
+def _jobs(spark: Any) -> int | None:
+    """Spark jobs started so far in this session: the scheduler's next job id (internal to Spark; None if it moves)."""
+    try:
+        return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())  # type: ignore[attr-defined]  # py4j passes the AtomicInteger as its value
+    except Exception:  # noqa: BLE001 - a figure to print, not one to fail on
+        return None
+
+
 def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady: bool) -> None:
     """One process, one Spark session with the variant's settings: `runs` runs, a JSON line per run on stdout."""
     from cdc_platform.config import load_config
@@ -87,12 +101,14 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
         shutil.copy(sample.config_path, run_root / "cdc.yaml")
         config = load_config(run_root / "cdc.yaml", lake=run_root / "lake", landing=run_root / "landing")
         compiles = codegen.METRIC_COMPILATION_TIME().getCount()
+        jobs, commits = _jobs(spark), _commits(config.lake)
         cpu = CpuByRole().start()
         t = time.perf_counter()
         report = IngestJob(config).run_available_now(spark)
         wall = time.perf_counter() - t
         row: dict[str, Any] = {
             "run": n, "wall": wall, "cpu": cpu.stop(), "compiles": codegen.METRIC_COMPILATION_TIME().getCount() - compiles,
+            "jobs": None if jobs is None else (_jobs(spark) or 0) - jobs, "commits": _commits(config.lake) - commits,
             "batches": len(report.batches), "lines": report.total("rows_read"),
             "batch_seconds": sum(b.seconds for b in report.batches),
             "stages": report.stage_seconds(),
@@ -137,7 +153,7 @@ def main() -> None:
             cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
             stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
             say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
-                f"{r['lines']} lines, {r['compiles']:3d} compiles; CPU s: {cpu}")
+                f"{r['lines']} lines, {r['compiles']:3d} compiles, {r['jobs']} jobs, {r['commits']} commits; CPU s: {cpu}")
         warm[name] += rows[args.warmup:]
     banner(f"medians of the runs after the first {args.warmup} of each process")
     for name in names:
@@ -147,7 +163,8 @@ def main() -> None:
             jvm = statistics.median(r["cpu"].get("jvm", 0.0) for r in rows)
             say(f"  {name}: {statistics.median(r['wall'] for r in rows):.2f} s wall, "
                 f"{statistics.median(r['batch_seconds'] for r in rows):.2f} s in batches, {cpu:.1f} s CPU ({jvm:.1f} s JVM), "
-                f"{statistics.median(r['compiles'] for r in rows):.0f} compiles  (n = {len(rows)})")
+                f"{statistics.median(r['compiles'] for r in rows):.0f} compiles, "
+                f"{statistics.median(r['jobs'] or 0 for r in rows):.0f} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits  (n = {len(rows)})")
     exit_now(0)
 
 
