@@ -108,7 +108,7 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
         wall = time.perf_counter() - t
         row: dict[str, Any] = {
             "run": n, "wall": wall, "cpu": cpu.stop(), "compiles": codegen.METRIC_COMPILATION_TIME().getCount() - compiles,
-            "jobs": None if jobs is None else (_jobs(spark) or 0) - jobs, "commits": _commits(config.lake) - commits,
+            "jobs": None if jobs is None or (after := _jobs(spark)) is None else after - jobs, "commits": _commits(config.lake) - commits,
             "batches": len(report.batches), "lines": report.total("rows_read"),
             "batch_seconds": sum(b.seconds for b in report.batches),
             "stages": report.stage_seconds(),
@@ -161,10 +161,12 @@ def main() -> None:
         if rows:
             cpu = statistics.median(sum(r["cpu"].values()) for r in rows)
             jvm = statistics.median(r["cpu"].get("jvm", 0.0) for r in rows)
+            counted = [r["jobs"] for r in rows if r["jobs"] is not None]
+            jobs = f"{statistics.median(counted):.0f}" if len(counted) == len(rows) else "?"  # `_jobs` could not read Spark's counter
             say(f"  {name}: {statistics.median(r['wall'] for r in rows):.2f} s wall, "
                 f"{statistics.median(r['batch_seconds'] for r in rows):.2f} s in batches, {cpu:.1f} s CPU ({jvm:.1f} s JVM), "
                 f"{statistics.median(r['compiles'] for r in rows):.0f} compiles, "
-                f"{statistics.median(r['jobs'] or 0 for r in rows):.0f} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits  (n = {len(rows)})")
+                f"{jobs} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits  (n = {len(rows)})")
     exit_now(0)
 
 
