@@ -23,7 +23,7 @@ import argparse
 import collections
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -35,11 +35,19 @@ class Sample:
 
 
 def samples(recording: str, depth: int) -> Iterator[Sample]:
-    """The recording's `jdk.ExecutionSample` events, from `jfr print` (JDK 17's text form, read line by line)."""
-    text = subprocess.run(["jfr", "print", "--events", "jdk.ExecutionSample", "--stack-depth", str(depth), recording],
-                          check=True, capture_output=True, text=True).stdout
+    """The recording's `jdk.ExecutionSample` events, from `jfr print` (JDK 17's text form, read as it is printed:
+    a few minutes of a benchmark print tens of MB at this depth)."""
+    argv = ["jfr", "print", "--events", "jdk.ExecutionSample", "--stack-depth", str(depth), recording]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        yield from _parse(proc.stdout)
+    if proc.returncode != 0:
+        raise SystemExit(f"`{' '.join(argv)}` failed (exit {proc.returncode})")
+
+
+def _parse(lines: Iterable[str]) -> Iterator[Sample]:
     current: Sample | None = None
-    for line in text.splitlines():
+    for line in lines:
         s = line.strip()
         if s.startswith("jdk.ExecutionSample"):
             current = Sample("", "")
