@@ -204,7 +204,8 @@ def parse_only(w: Any, limit_lines: int) -> None:
     import pyarrow as pa
 
     from cdc_platform.config import load_config
-    from cdc_platform.envelope import KeySpec, parse_arrow_batches
+    from cdc_platform.envelope import KeySpec
+    from cdc_platform.parsed_batches import parse_arrow_batches
 
     keys = KeySpec(dict(load_config(w.config_path).keys_by_source))
     lines: list[str] = []

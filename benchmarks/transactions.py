@@ -42,8 +42,9 @@ from _common import exit_now  # noqa: E402
 from cdc_platform import lake  # noqa: E402
 from cdc_platform import transactions as T  # noqa: E402
 from cdc_platform.config import PlatformConfig, load_config  # noqa: E402
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch  # noqa: E402
-from cdc_platform.ingest import IngestJob, split_parsed  # noqa: E402
+from cdc_platform.envelope import KeySpec, parse_line  # noqa: E402
+from cdc_platform.ingest import IngestJob  # noqa: E402
+from cdc_platform.parsed_batches import rows_to_batch, split_parsed  # noqa: E402
 from cdc_platform.stage import BatchContext, apply_stage  # noqa: E402
 from cdc_platform.transactions import aggregation as tx_aggregation  # noqa: E402
 from cdc_platform.transactions import stage as tx_stage  # noqa: E402

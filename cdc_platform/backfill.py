@@ -38,10 +38,10 @@ import pyarrow.parquet as pq
 
 from cdc_platform import lake, lake_spark, schemas
 from cdc_platform.config import PlatformConfig, TableConfig
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.envelope import KeySpec, parse_line
 from cdc_platform.json_codec import canonical_json
 from cdc_platform.errors import ConfigError, LakeError
-from cdc_platform.ingest import split_parsed
+from cdc_platform.parsed_batches import rows_to_batch, split_parsed
 from cdc_platform.stage import DEAD_LETTER, RAW, BatchContext, dead_letter_rows
 
 STAGE = "backfill"

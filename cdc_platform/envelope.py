@@ -1,9 +1,10 @@
 """Parsing and normalisation of Debezium output, one line at a time.
 
-This is pure Python with no Spark in it: the executors run it on each partition's lines
-(`parse_spark`, in `mapInArrow`), and the tests run it directly on real connector output. Every line
-ends as exactly one of: a change event, a transaction marker, a tombstone, or a dead letter whose
-reason says what to do. Reading and writing the JSON text itself is `json_codec`'s.
+This is pure Python with no Spark and no Arrow in it: the executors run it on each partition's lines
+(`parse_spark`, in `mapInArrow`, through `parsed_batches`, which makes Arrow batches of its rows), and
+the tests run it directly on real connector output. Every line ends as exactly one of: a change
+event, a transaction marker, a tombstone, or a dead letter whose reason says what to do. Reading and
+writing the JSON text itself is `json_codec`'s.
 
 Normalisation choices worth knowing:
 
@@ -27,15 +28,11 @@ Normalisation choices worth knowing:
 from __future__ import annotations
 
 import decimal
-import gc
 import hashlib
-import operator
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import pyarrow as pa
 
 from cdc_platform import control_records
 from cdc_platform.json_codec import (  # the JSON text the identities and row images are made of
@@ -49,7 +46,6 @@ from cdc_platform.json_codec import (  # the JSON text the identities and row im
     canonical_json,
     quote_value,
 )
-from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS, PARSED
 
 MS_PER_DAY = 86_400_000
 
@@ -553,10 +549,6 @@ def _parse_stripe_marker(env: dict[str, Any], line: str, source_file: str | None
     return _marker_row(raw_id, status, count, collections, "stripe", ts, line, source_file)
 
 
-def _tombstone_or_bytes(raw: bytes | None, source_file: str | None, keys: KeySpec, record_key: str | None = None) -> dict[str, Any]:
-    return parse_line(None, source_file, keys) if raw is None else parse_bytes(raw, source_file, keys, record_key)
-
-
 def parse_lines(
     lines: Iterable[str | None], files: Iterable[str | None], keys: KeySpec, record_keys: Iterable[str | None] | None = None
 ) -> list[dict[str, Any]]:
@@ -564,107 +556,3 @@ def parse_lines(
     if record_keys is None:
         return [parse_line(line, f, keys) for line, f in zip(lines, files)]
     return [parse_line(line, f, keys, k) for line, f, k in zip(lines, files, record_keys)]
-
-
-#: The keys of each kind of row `parse_line` returns, in its order. `rows_to_batch` relies on them only
-#: after checking that every row has exactly these keys; any other row takes the general path.
-_ROW_KEYS: dict[str, tuple[str, ...]] = {
-    "change": (
-        "kind", "event_id", "event_date", "table_id", "source_connector", "source_name", "source_db", "source_schema",
-        "source_table", "op", "key", "before", "after", "row_schema", "position", "position_kind", "source_ts",
-        "envelope_ts", "snapshot", "transaction_id", "transaction_raw_id", "tx_total_order", "tx_collection_order",
-        "source_file", "line",
-    ),
-    "marker": (
-        "kind", "marker_id", "marker_date", "transaction_id", "transaction_raw_id", "status", "event_count",
-        "data_collections", "marker_shape", "marker_ts", "source_file", "line",
-    ),
-    "dead_letter": ("kind", "line", "source_file", "reason_code", "reason", "table_id"),
-    "tombstone": ("kind", "line", "source_file"),
-    "control": ("kind", "line", "source_file", "reason_code", "source_ts"),
-}
-_ROW_GETTERS = {kind: operator.itemgetter(*names) for kind, names in _ROW_KEYS.items()}
-_KEY_COUNTS = {kind: len(names) for kind, names in _ROW_KEYS.items()}
-_NULL_ROWS = {kind: dict.fromkeys(names) for kind, names in _ROW_KEYS.items()}
-_KIND_OF = operator.itemgetter("kind")
-
-
-def rows_to_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
-    """`RecordBatch.from_pylist(rows, schema=PARSED)` (missing keys are null, unknown keys ignored), faster.
-
-    `from_pylist` looks every schema column up in every dict, one cell at a time. A batch is nearly
-    all one kind of row (a file holds change events or markers), and rows of one kind share their
-    keys, so those keys are read at C speed (`itemgetter`, transposed by `zip`); the few rows of other
-    kinds are padded to the same keys, and the columns only they have are read with `dict.get`.
-    """
-    try:
-        kinds = list(map(_KIND_OF, rows))
-        if list(map(len, rows)) != list(map(_KEY_COUNTS.__getitem__, kinds)):
-            raise KeyError("a row with other keys than parse_line gives its kind")
-        main = max(set(kinds), key=kinds.count) if rows else "tombstone"
-        others = [i for i, kind in enumerate(kinds) if kind != main]
-        padded = list(rows) if others else rows
-        extra: set[str] = set()
-        for i in others:
-            kind = kinds[i]
-            _ROW_GETTERS[kind](rows[i])  # with the count checked above: exactly the keys of its kind
-            padded[i] = _NULL_ROWS[main] | rows[i]
-            extra.update(_ROW_KEYS[kind])
-        names = _ROW_KEYS[main]
-        columns: dict[str, Sequence[Any]] = dict(zip(names, zip(*map(_ROW_GETTERS[main], padded))))
-    except (KeyError, TypeError):  # a row without a known `kind`, or not shaped as parse_line makes them
-        return pa.RecordBatch.from_pylist(rows, schema=PARSED)
-    for name in extra.difference(names):
-        columns[name] = [row.get(name) for row in padded]
-    n = len(rows)
-    arrays = [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(n, f.type) for f in PARSED]
-    return pa.RecordBatch.from_arrays(arrays, schema=PARSED)
-
-
-#: The Kafka record's key beside its value (JSON text), when the lines are Kafka records (`sources.py`).
-RECORD_KEY_COLUMN = "kafka_key"
-
-
-def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:
-    """(value, source_file) batches in, `PARSED` batches out, one row per line: what the ingest job's parser runs.
-
-    Lines from Kafka carry more columns (`sources.py`): the record key (`RECORD_KEY_COLUMN`), used as a
-    file dump's key is, and the record's origin (`schemas.KAFKA_ORIGIN_COLUMNS`), copied to the output
-    row as it is. Any other column is ignored, and without them the origin columns are null.
-
-    The cyclic garbage collector is paused while a batch is parsed: parsing creates no cycles, but
-    its thousands of live dicts made the collector's repeated full scans a large share of the time.
-    """
-    for batch in batches:
-        files = batch.column("source_file").to_pylist()
-        names = batch.schema.names
-        record_keys = _record_keys(batch.column(RECORD_KEY_COLUMN)) if RECORD_KEY_COLUMN in names else None
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            try:
-                rows = parse_lines(batch.column("value").to_pylist(), files, keys, record_keys)
-            except UnicodeDecodeError:  # Spark's text source (and a Kafka value cast to string) passes bytes through unchecked
-                raw = batch.column("value").cast(pa.binary()).to_pylist()
-                rows = [_tombstone_or_bytes(b, f, keys, k) for b, f, k in zip(raw, files, record_keys or [None] * len(raw))]
-            out = rows_to_batch(rows)
-        finally:
-            if was_enabled:
-                gc.enable()
-        yield _with_origin(out, batch)
-
-
-def _record_keys(column: pa.Array) -> list[str | None]:
-    try:
-        return column.to_pylist()
-    except UnicodeDecodeError:  # a key that is not UTF-8 is no JSON object either: it names no row
-        return [None if k is None else k.decode("utf-8", "replace") for k in column.cast(pa.binary()).to_pylist()]
-
-
-def _with_origin(out: pa.RecordBatch, lines: pa.RecordBatch) -> pa.RecordBatch:
-    """The parsed rows with the lines' Kafka origin columns (rows and lines correspond one to one)."""
-    for name in KAFKA_ORIGIN_COLUMNS:
-        if name in lines.schema.names:
-            i = PARSED.get_field_index(name)
-            out = out.set_column(i, PARSED.field(i), lines.column(name).cast(PARSED.field(i).type))
-    return out

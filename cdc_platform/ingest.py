@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cdc_platform import lake, lake_spark, parse_spark, schemas, sources, storage
 from cdc_platform.config import PlatformConfig
@@ -46,11 +45,10 @@ from cdc_platform.stage import (
     METRICS,
     RAW,
     BatchContext,
-    ParsedBatch,
+    RawLogGate,
     SparkBatch,
     SparkStage,
     Stage,
-    StageFailure,
     StageResult,
     run_spark_stage,
     run_stage,
@@ -70,27 +68,6 @@ IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle`
 #: cost and buried the batches that carried data. The same idea as Spark's own throttling of progress
 #: events for triggers without data (`spark.sql.streaming.noDataProgressEventInterval`).
 IDLE_METRICS_INTERVAL = 60.0
-
-
-class _Gate:
-    """One batch's "raw log committed" signal for the stages that run beside its write (`SparkBatch.raw_landed`)."""
-
-    def __init__(self, failure: str) -> None:
-        self._event = threading.Event()
-        self._failed = False
-        self._failure = failure
-
-    def open(self) -> None:
-        self._event.set()
-
-    def fail(self) -> None:
-        self._failed = True
-        self._event.set()
-
-    def wait(self) -> None:
-        self._event.wait()
-        if self._failed:
-            raise StageFailure(self._failure)
 
 
 class _StopRequested(Exception):
@@ -146,67 +123,6 @@ def _parsed_frame(spark: SparkSession, parsed: pa.Table) -> DataFrame:
 
     frame = lake_spark.from_arrow(spark, parsed, schemas.PARSED).coalesce(1)
     return frame.withColumn(parse_spark.SEQ, F.monotonically_increasing_id())
-
-
-def split_parsed(parsed: pa.Table, batch_id: int, ingested_at: dt.datetime | None = None) -> ParsedBatch:
-    """Split the parser's wide rows by kind and shape them to their tables' schemas."""
-    ingested_at = ingested_at or _now()
-    kinds = parsed.column("kind")
-    n = parsed.num_rows
-    ingest_ts = pa.scalar(ingested_at, schemas.TS)
-    today = pa.scalar(ingested_at.date(), pa.date32())
-
-    def rows_of(kind: str) -> pa.Table:
-        return parsed.filter(pc.equal(kinds, kind))
-
-    changes = rows_of("change")
-    changes = changes.set_column(changes.schema.get_field_index("event_date"), "event_date", pc.fill_null(changes.column("event_date"), today))
-    events = _project(changes, schemas.RAW_CHANGE_EVENTS, {"ingested_at": ingest_ts})
-    events, dups = _dedup_first(events, "event_id")
-
-    marker_rows = rows_of("marker")
-    marker_rows = marker_rows.set_column(marker_rows.schema.get_field_index("marker_date"), "marker_date", pc.fill_null(marker_rows.column("marker_date"), today))
-    markers = _project(marker_rows, schemas.TRANSACTION_MARKERS, {"ingested_at": ingest_ts})
-    markers, marker_dups = _dedup_first(markers, "marker_id")
-
-    dead = rows_of("dead_letter")
-    dead_letters = _project(
-        dead,
-        schemas.DEAD_LETTER,
-        {"stage": pa.scalar("ingest"), "event_id": pa.scalar(None, pa.string()), "batch_id": pa.scalar(batch_id, pa.int64()), "dead_lettered_at": ingest_ts},
-    )
-    tombstones = int(pc.sum(pc.equal(kinds, "tombstone")).as_py() or 0) if n else 0
-    return ParsedBatch(
-        batch_id=batch_id,
-        events=events,
-        markers=markers,
-        dead_letters=dead_letters,
-        tombstones=tombstones,
-        rows_read=n,
-        in_batch_duplicates=dups + marker_dups,
-        ingested_at=ingested_at,
-    )
-
-
-def _project(table: pa.Table, schema: pa.Schema, constants: dict[str, pa.Scalar]) -> pa.Table:
-    arrays = []
-    for f in schema:
-        if f.name in constants:
-            arrays.append(pa.array([constants[f.name].as_py()] * table.num_rows, f.type))
-        else:
-            arrays.append(table.column(f.name).cast(f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _dedup_first(table: pa.Table, column: str) -> tuple[pa.Table, int]:
-    if table.num_rows == 0:
-        return table, 0
-    indexed = table.select([column]).append_column("__i", pa.array(range(table.num_rows), pa.int64()))
-    first = indexed.group_by(column, use_threads=False).aggregate([("__i", "min")]).column("__i_min")
-    if len(first) == table.num_rows:
-        return table, 0
-    first = first.combine_chunks() if isinstance(first, pa.ChunkedArray) else first
-    return table.take(first.take(pc.sort_indices(first))), table.num_rows - len(first)  # first row per id, in input order
 
 
 class IngestJob:
@@ -319,7 +235,7 @@ class IngestJob:
         figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
         landed[RAW] = landed[MARKERS] = 0
-        raw_gate = _Gate(f"the raw log of batch {batch_id} was not committed, so no stage commits it; the batch replays on restart")
+        raw_gate = RawLogGate(f"the raw log of batch {batch_id} was not committed, so no stage commits it; the batch replays on restart")
 
         def write_raw() -> bool:
             """The raw log, then the markers (a reader never sees an END before its events); True if replayed."""

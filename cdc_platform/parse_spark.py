@@ -1,7 +1,7 @@
 """The envelope parser on Spark's executors, and the split of a parsed micro-batch by destination.
 
 Parsing runs where the lines are: `parse_lines` hands each partition's (value, source_file) lines to
-`envelope.parse_arrow_batches` in an Arrow-based Python function on the executors (`mapInArrow`), the
+`parsed_batches.parse_arrow_batches` in an Arrow-based Python function on the executors (`mapInArrow`), the
 same code the tests run on the bad-input corpus and the peer data, so the rows, reason codes,
 positions and identities are the parser's, byte for byte. Spark's JSON functions cannot do it: the
 envelope's identity hashes canonical JSON, numbers must keep every digit, and a line's kind (change,
@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from cdc_platform import schemas
-from cdc_platform.envelope import KeySpec, parse_arrow_batches
+from cdc_platform.envelope import KeySpec
 from cdc_platform.lake_spark import Footprint, footprint_columns, footprint_of, spark_schema
+from cdc_platform.parsed_batches import parse_arrow_batches
 from cdc_platform.sources import input_columns
 from cdc_platform.stage import ParsedBatch
 

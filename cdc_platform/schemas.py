@@ -22,6 +22,8 @@ KAFKA_ORIGIN = (
     pa.field("kafka_offset", pa.int64()),
 )
 KAFKA_ORIGIN_COLUMNS = tuple(f.name for f in KAFKA_ORIGIN)
+#: The Kafka record's key beside its value (JSON text), when the lines are Kafka records (`sources.py`).
+RECORD_KEY_COLUMN = "kafka_key"
 
 RAW_CHANGE_EVENTS = pa.schema(
     [

@@ -1,6 +1,6 @@
 """Where the ingest stream reads from: landing files (the default) or Kafka topics, as one column contract.
 
-`IngestJob` parses whatever `stream` returns with `envelope.parse_arrow_batches`, so both sources give
+`IngestJob` parses whatever `stream` returns with `parsed_batches.parse_arrow_batches`, so both sources give
 the same columns:
 
 | column | files | Kafka |
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cdc_platform.config import KafkaSourceConfig, PlatformConfig
-from cdc_platform.envelope import RECORD_KEY_COLUMN
+from cdc_platform.config import PlatformConfig
+from cdc_platform.config_source import KafkaSourceConfig
 from cdc_platform.errors import CdcError, ConfigError
-from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS
+from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

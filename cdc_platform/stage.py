@@ -27,6 +27,7 @@ This module imports no stage and no job: stages and the job both import it, neve
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -90,6 +91,27 @@ class SparkBatch:
     #: it before its first commit: the stages compute while the raw log is written, but a reader never sees
     #: a stage's output (a transaction, a latest-state row) before the events it came from.
     raw_landed: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
+
+
+class RawLogGate:
+    """One batch's "raw log committed" signal: the job opens it (or fails it), the stages wait on it (`raw_landed`)."""
+
+    def __init__(self, failure: str) -> None:
+        self._event = threading.Event()
+        self._failed = False
+        self._failure = failure
+
+    def open(self) -> None:
+        self._event.set()
+
+    def fail(self) -> None:
+        self._failed = True
+        self._event.set()
+
+    def wait(self) -> None:
+        self._event.wait()
+        if self._failed:
+            raise StageFailure(self._failure)
 
 
 @dataclass

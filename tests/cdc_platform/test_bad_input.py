@@ -178,8 +178,8 @@ def test_every_stage_survives_the_corpus(tmp_path: Path, spark: Any, make_config
 
     import pyarrow as pa
 
-    from cdc_platform.envelope import rows_to_batch
     from cdc_platform.ingest import IngestJob
+    from cdc_platform.parsed_batches import rows_to_batch
 
     cfg = make_config(EXPECTED["tables"])
     jobs = [IngestJob(cfg)]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc_platform.config import DEFAULT_MAX_OFFSETS_PER_TRIGGER, load_config, parse_source
+from cdc_platform.config import load_config
+from cdc_platform.config_source import DEFAULT_MAX_OFFSETS_PER_TRIGGER, parse_source
 from cdc_platform.errors import ConfigError
 from tests.cdc_platform.test_config import write
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from cdc_platform import envelope, json_codec
-from cdc_platform.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line, rows_to_batch
+from cdc_platform.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line
+from cdc_platform.parsed_batches import rows_to_batch
 from cdc_platform.schemas import PARSED
 
 KEYS = KeySpec({"inventory.products": ["id"], "payments.customers": ["id"]})
@@ -270,7 +271,8 @@ def test_orjson_fast_path_matches_the_stdlib_byte_for_byte(monkeypatch: pytest.M
 def test_not_utf8_keeps_the_bad_bytes_visible_and_the_rest_of_the_batch() -> None:
     import pyarrow as pa
 
-    from cdc_platform.envelope import parse_arrow_batches, parse_bytes
+    from cdc_platform.envelope import parse_bytes
+    from cdc_platform.parsed_batches import parse_arrow_batches
 
     row = parse_bytes(b'{"a": "caf\xe9"}', "f", KEYS)
     assert row["reason_code"] == "not_utf8" and "byte 0xe9 at offset 10" in row["reason"]
@@ -338,42 +340,7 @@ def test_duplicate_json_keys_take_the_last_value_like_jackson() -> None:
     assert row["kind"] == "change" and row["op"] == "r"
 
 
-# --- the speed-ups keep the output: columnar batches, the input pre-check, shortcuts vouched by the identity ---
-
-def _mixed_rows() -> list[dict[str, Any]]:
-    import random
-
-    rng = random.Random(7)
-    lines = [json.dumps(change(after={"id": i, "v": _random_value(rng)})) for i in range(60)]
-    lines += ['{"status":"END","id":"571:9","ts_ms":1,"event_count":1,"data_collections":[{"data_collection":"a.b","event_count":1}]}'] * 5
-    lines += ["", "null", "[1]", "{", json.dumps(change(op="x")), json.dumps(change(source=change()["source"] | {"table": "a b"}))]
-    rng.shuffle(lines)
-    return [parse_line(line, "f", KEYS) for line in lines]
-
-
-def test_rows_to_batch_is_from_pylist_for_any_mix_of_rows() -> None:
-    import random
-
-    import pyarrow as pa
-
-    rows = _mixed_rows()
-    rng = random.Random(3)
-    odd = [{"kind": "change"}, {"line": "no kind"}, {"kind": "marker", "status": "BEGIN"}, {"kind": ["unhashable"]}]
-    for trial in range(200):
-        sample = rng.sample(rows, rng.randrange(len(rows)))
-        if trial % 3 == 0:
-            edited = dict(rng.choice(rows))
-            edited[rng.choice(["status", "reason", "unknown", "event_id"])] = None if trial % 2 else "x"
-            sample.append(edited)
-        if trial % 5 == 0:
-            sample.append(rng.choice(odd))
-        try:
-            want = pa.RecordBatch.from_pylist(sample, schema=PARSED)
-        except (pa.ArrowException, TypeError):
-            continue
-        assert rows_to_batch(sample).equals(want), sample
-    assert rows_to_batch([]).equals(pa.RecordBatch.from_pylist([], schema=PARSED))
-
+# --- the speed-ups keep the output: the input pre-check, shortcuts vouched by the identity (columnar batches: test_parsed_batches) ---
 
 def test_input_precheck_decides_as_the_regex() -> None:
     import random

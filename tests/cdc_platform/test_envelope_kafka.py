@@ -6,7 +6,8 @@ import json
 
 import pyarrow as pa
 
-from cdc_platform.envelope import KeySpec, parse_arrow_batches, parse_line
+from cdc_platform.envelope import KeySpec, parse_line
+from cdc_platform.parsed_batches import parse_arrow_batches
 from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS, PARSED
 
 KEYS = KeySpec({"public.accounts": ("id",)})

@@ -16,8 +16,9 @@ import pytest
 
 from cdc_platform import lake
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.envelope import KeySpec, parse_line
 from cdc_platform.ingest import IngestJob
+from cdc_platform.parsed_batches import rows_to_batch
 from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
 
 PRODUCTS = {"inventory.products": {"key": ["id"]}}
@@ -393,7 +394,7 @@ def test_executors_parse_exactly_as_the_parser_in_the_driver(spark: Any, peer_fi
     from pyspark.sql import functions as F
 
     from cdc_platform import parse_spark, schemas
-    from cdc_platform.envelope import parse_arrow_batches
+    from cdc_platform.parsed_batches import parse_arrow_batches
     from tests.cdc_platform.test_bad_input import CORPUS
 
     paths = [str(p) for p in sorted(CORPUS.glob("*.jsonl")) + sorted(peer_files.values())]

@@ -17,9 +17,10 @@ import pytest
 from cdc_platform import lake
 from cdc_platform.cli import main
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
+from cdc_platform.envelope import KeySpec, parse_line
 from cdc_platform.ingest import IngestJob
 from cdc_platform.latest_state import LatestStateStage, compact
+from cdc_platform.parsed_batches import rows_to_batch
 from cdc_platform.run_reports import BatchReport
 
 T0 = 1_767_225_600_000

@@ -107,3 +107,14 @@ def test_the_readme_module_map_matches_the_package() -> None:
     packages = {p.name + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     modules = {p.name for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py") and p.parent.name != "testbed"}
     assert packages | modules == named, f"missing from the README: {sorted((packages | modules) - named)}; not in the package: {sorted(named - packages - modules)}"
+
+
+#: The developers' guide: one module per idea, none past about 600 lines. A module that outgrows it is
+#: split along its seams (as `envelope` -> `parsed_batches`, `config` -> `config_source`), not trimmed.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_the_package_is_past_the_guides_length() -> None:
+    lengths = {str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert lengths, "no modules found"
+    assert {path: n for path, n in lengths.items() if n > MAX_MODULE_LINES} == {}

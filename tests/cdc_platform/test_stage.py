@@ -16,9 +16,10 @@ import pytest
 from cdc_platform import lake, lake_spark, latest_state
 from cdc_platform import transactions as T
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
-from cdc_platform.ingest import IngestJob, split_parsed
+from cdc_platform.envelope import KeySpec, parse_line
+from cdc_platform.ingest import IngestJob
 from cdc_platform.latest_state import apply as latest_state_apply
+from cdc_platform.parsed_batches import rows_to_batch, split_parsed
 from cdc_platform.stage import STAGE_ERROR, BatchContext, ParsedBatch, StageFailure, StageResult, isolate
 
 T0 = 1_767_225_600_000

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from cdc_platform import transactions as T
-from cdc_platform.envelope import KeySpec, parse_line, rows_to_batch
-from cdc_platform.ingest import split_parsed
+from cdc_platform.envelope import KeySpec, parse_line
+from cdc_platform.parsed_batches import rows_to_batch, split_parsed
 
 START_MS = 1_767_225_600_000
 KEYS = KeySpec({"shop.charges": ["id"], "shop.audits": ["id"], "public.accounts": ["id"]})

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from cdc_platform import transactions as T
-from cdc_platform.envelope import parse_line, rows_to_batch
-from cdc_platform.ingest import split_parsed
+from cdc_platform.envelope import parse_line
+from cdc_platform.parsed_batches import rows_to_batch, split_parsed
 from cdc_platform.stage import StageFailure
 from cdc_platform.transactions import buckets as B
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, NOW, SETTINGS, begin, end, ev, whole

@@ -16,8 +16,9 @@ from cdc_platform import lake
 from cdc_platform import transactions as T
 from cdc_platform.cli import main as cdc
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import parse_line, rows_to_batch
+from cdc_platform.envelope import parse_line
 from cdc_platform.ingest import IngestJob
+from cdc_platform.parsed_batches import rows_to_batch
 from cdc_platform.stage import BatchContext, StageFailure
 from cdc_platform.transactions import stage as tx_stage
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
