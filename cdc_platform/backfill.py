@@ -18,18 +18,24 @@ Inputs, under `<snapshots>/<table name>/` (config `snapshots:`, default `<config
 
 Every row goes through the same parser as the stream (`envelope.parse_line`), so keys and positions are
 normalised exactly as streamed events are; rows it rejects become dead letters (stage `backfill`).
+
+Where the work runs: the snapshot is read and parsed on the driver, which holds its rows anyway; the
+lake's side (each snapshot key's newest log position and its latest-state row) is computed on the
+executors over the table's whole history and matched with the snapshot's keys there, so the driver
+receives one entry per snapshot key whatever the length of the history.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +49,9 @@ from cdc_platform.json_codec import canonical_json
 from cdc_platform.errors import ConfigError, LakeError
 from cdc_platform.parsed_batches import rows_to_batch, split_parsed
 from cdc_platform.stage import DEAD_LETTER, RAW, BatchContext, dead_letter_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 STAGE = "backfill"
 AS_OF_FILE = "as_of.json"
@@ -150,30 +159,51 @@ def read_snapshot(config: PlatformConfig, table: TableConfig) -> list[tuple[str,
     return lines
 
 
-def _newest_raw_positions(config: PlatformConfig, table: TableConfig) -> dict[str, tuple[str, str]]:
-    """Per key, the highest position in the raw log and the op there (DBLog's 'log event in the window')."""
+KEY = "__key"  # a snapshot key's canonical text (`_key_of`) beside the lake's rows it is matched with
+
+
+def _key_frame(spark: Any, keys: Iterable[str | None]) -> DataFrame:
+    """The snapshot's keys (which the driver parsed from the snapshot) as a one-column frame to match the lake's rows with."""
+    schema = pa.schema([(KEY, pa.string())])
+    return lake_spark.from_arrow(spark, pa.table({KEY: pa.array(sorted({k for k in keys if k is not None}), pa.string())}), schema)
+
+
+def _newest_raw_positions(config: PlatformConfig, table: TableConfig, keys: DataFrame) -> dict[str, tuple[str, str]]:
+    """Per snapshot key, the highest position in the raw log and the op there (DBLog's 'log event in the window').
+
+    Runs on the executors over the table's whole log; the driver gets one row per snapshot key it has, and
+    the newest truncate under the key "", so a long history costs the executors, never the driver's memory.
+    """
     from pyspark.sql import functions as F
 
     spark = lake_spark.session()
-    raw = (lake_spark.read(spark, lake.table_path(config.lake, RAW)).where(F.col("table_id") == table.source)
-           .select("table_id", "key", "op", "before", "position").toArrow())
-    newest: dict[str, tuple[str, str]] = {}
-    truncated_at = ""
-    for key, op, before, position in zip(*(raw.column(c).to_pylist() for c in ("key", "op", "before", "position"))):
-        if op == "t":
-            truncated_at = max(truncated_at, position or "")
-            continue
-        if key is None:
-            continue
-        if key not in newest or position > newest[key][0]:
-            newest[key] = (position, op)
-        if op == "u" and before:
-            old = _key_of(json.loads(before), table)
-            if old is not None and old != key and (old not in newest or position > newest[old][0]):
-                newest[old] = (position, "d")  # a key change deletes the old key at this position
+    raw = lake_spark.read(spark, lake.table_path(config.lake, RAW)).where(F.col("table_id") == table.source)
+    truncated_at = raw.where(F.col("op") == "t").agg(F.max("position")).first()[0]
+    logged = raw.where((F.col("op") != "t") & F.col("key").isNotNull()).select("key", "position", "op")
+    moved = (raw.where((F.col("op") == "u") & F.col("before").isNotNull() & (F.col("before") != ""))  # a key change deletes the old key
+             .select("key", "before", "position").mapInArrow(functools.partial(_moved_keys, table=table), "key string, position string, op string"))
+    newest = (logged.unionByName(moved).join(keys.withColumnRenamed(KEY, "key"), "key", "left_semi")
+              .groupBy("key").agg(F.max_by(F.struct("position", "op"), F.struct("position", "op")).alias("newest")))
+    out = {row["key"]: (row["newest"]["position"], row["newest"]["op"]) for row in newest.toArrow().to_pylist()}
     if truncated_at:
-        newest[""] = (truncated_at, "t")
-    return newest
+        out[""] = (truncated_at, "t")
+    return out
+
+
+def _moved_keys(batches: Iterator[pa.RecordBatch], table: TableConfig) -> Iterator[pa.RecordBatch]:
+    """Updates whose before image has another key than the event's: that old key, deleted at the update's position."""
+    for batch in batches:
+        old_keys, positions = [], []
+        for key, before, position in zip(*(batch.column(c).to_pylist() for c in ("key", "before", "position"))):
+            image = json.loads(before)
+            old = _key_of(image, table) if isinstance(image, dict) else None
+            if old is not None and old != key:
+                old_keys.append(old)
+                positions.append(position)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(old_keys, pa.string()), pa.array(positions, pa.string()), pa.array(["d"] * len(old_keys), pa.string())],
+            names=["key", "position", "op"],
+        )
 
 
 def _key_of(image: dict[str, Any], table: TableConfig) -> str | None:
@@ -182,21 +212,40 @@ def _key_of(image: dict[str, Any], table: TableConfig) -> str | None:
     return canonical_json({k: image[k] for k in table.key})
 
 
-def _state_rows(config: PlatformConfig, table: TableConfig) -> dict[str, dict[str, Any]]:
-    from cdc_platform.latest_state import fold_latest
+def _with_keys(batches: Iterator[pa.RecordBatch], table: TableConfig) -> Iterator[pa.RecordBatch]:
+    """Latest-state rows with their key's canonical text, the form the snapshot's keys take."""
+    for batch in batches:
+        images = batch.select(list(table.key)).to_pylist()
+        yield batch.append_column(KEY, pa.array([_key_of(image, table) for image in images], pa.string()))
+
+
+def _state_frame(config: PlatformConfig, table: TableConfig) -> DataFrame | None:
+    """The table's current rows, one per key (tombstones included), each with its key's text in `KEY`; None if none landed."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from cdc_platform.latest_state.compaction import fold_frame
 
     path = lake.table_path(config.lake, table.name)
     spark = lake_spark.session()
     if not lake_spark.is_table(spark, path):
+        return None
+    rows = lake_spark.read(spark, path)
+    if any(k not in rows.columns for k in table.key):
+        return None  # nothing has landed yet: the table has only its metadata columns
+    folded = fold_frame(rows.where(F.col(lake.quote_identifier(table.key[0])).isNotNull()), table.key)
+    schema = StructType([*folded.schema.fields, StructField(KEY, StringType())])
+    return folded.mapInArrow(functools.partial(_with_keys, table=table), schema).where(F.col(KEY).isNotNull())
+
+
+def _state_rows(config: PlatformConfig, table: TableConfig, keys: DataFrame) -> dict[str, dict[str, Any]]:
+    """The latest-state rows of the snapshot's keys, by key: matched on the executors, only those collected."""
+    state = _state_frame(config, table)
+    if state is None:
         return {}
-    rows = lake_spark.read(spark, path).toArrow()
-    rows = pa.Table.from_arrays([c.combine_chunks() for c in rows.columns], names=rows.column_names)
-    if any(k not in rows.column_names for k in table.key):
-        return {}  # nothing has landed yet: the table has only its metadata columns
-    keyed = rows.filter(pc.invert(pc.is_null(rows.column(table.key[0]))))
     out = {}
-    for row in fold_latest(keyed, table.key).to_pylist():
-        out[_key_of(row, table) or ""] = row
+    for row in state.join(keys, KEY, "left_semi").toArrow().to_pylist():
+        out[row.pop(KEY)] = row
     return out
 
 
@@ -230,9 +279,10 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     stray = batch.events.num_rows - events.num_rows
     diff = SnapshotDiff(table=name, snapshot_rows=len(lines), invalid=batch.dead_letters.num_rows + batch.markers.num_rows + stray, dry_run=dry_run)
 
-    newest = _newest_raw_positions(config, table)
+    keys = _key_frame(spark, events.column("key").to_pylist())
+    newest = _newest_raw_positions(config, table, keys)
     truncated_at = newest.get("", ("", ""))[0]
-    state = _state_rows(config, table)
+    state = _state_rows(config, table, keys)
     keep: list[int] = []
     for i, (key, position, op, after) in enumerate(zip(*(events.column(c).to_pylist() for c in ("key", "position", "op", "after")))):
         logged = newest.get(key)
@@ -278,6 +328,20 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     return diff
 
 
+def _extra_in_lake(config: PlatformConfig, table: TableConfig, keys: DataFrame, as_of: str, sample: int) -> tuple[int, list[str]]:
+    """Live lake rows at or below the snapshot's position whose key the snapshot lacks: how many, and the first keys."""
+    from pyspark.sql import functions as F
+
+    state = _state_frame(config, table)
+    if state is None:
+        return 0, []
+    extra = state.join(keys, KEY, "left_anti").where(
+        ~F.coalesce(F.col("_deleted"), F.lit(False)) & (F.coalesce(F.col("_position"), F.lit("")) <= as_of)
+    ).select(KEY)
+    count = extra.count()
+    return count, [row[KEY] for row in extra.orderBy(KEY).limit(sample).collect()] if count else []
+
+
 def compare_snapshot(config: PlatformConfig, name: str) -> Any:
     """Source rows (a snapshot in `<snapshots>/<name>/`) vs lake rows: coverage % and mismatched keys.
 
@@ -293,9 +357,10 @@ def compare_snapshot(config: PlatformConfig, name: str) -> Any:
     parsed = pa.Table.from_batches([rows_to_batch([parse_line(line, src, keys) for line, src in lines])])
     events = split_parsed(parsed, batch_id=0).events
     events = events.filter(pc.equal(events.column("table_id"), table.source))
-    state = _state_rows(config, table)
     snap = {k: (p, json.loads(a or "{}")) for k, p, a in zip(*(events.column(c).to_pylist() for c in ("key", "position", "after")))}
     as_of = max((p for p, _ in snap.values()), default="")
+    keys = _key_frame(lake_spark.session(), snap)
+    state = _state_rows(config, table, keys)
     counts = {"matched": 0, "newer_in_lake": 0, "missing_in_lake": 0, "different_values": 0, "extra_in_lake": 0}
     samples: dict[str, list[str]] = {}
     for key, (position, image) in snap.items():
@@ -309,11 +374,9 @@ def compare_snapshot(config: PlatformConfig, name: str) -> Any:
         counts[kind] += 1
         if kind not in ("matched", "newer_in_lake") and len(samples.setdefault(kind, [])) < SAMPLE:
             samples[kind].append(key)
-    for key, current in state.items():
-        if key and key not in snap and not current.get("_deleted") and current.get("_position", "") <= as_of:
-            counts["extra_in_lake"] += 1
-            if len(samples.setdefault("extra_in_lake", [])) < SAMPLE:
-                samples["extra_in_lake"].append(key)
+    counts["extra_in_lake"], extra = _extra_in_lake(config, table, keys, as_of, SAMPLE)
+    if extra:
+        samples["extra_in_lake"] = extra
     considered = len(snap) - counts["newer_in_lake"]
     pct = 100.0 * counts["matched"] / considered if considered else 100.0
     # Named apart from the raw-log coverage figures, which the same Dagster check reports beside these.

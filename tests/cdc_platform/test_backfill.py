@@ -92,6 +92,16 @@ def test_debezium_jsonl_snapshots_carry_their_own_positions(streamed, query) -> 
     assert dead == [{"reason_code": "not_json", "stage": "backfill"}]
 
 
+def test_the_driver_gets_the_lakes_rows_of_the_snapshots_keys_only(streamed, spark) -> None:
+    """The log and state lookups run on the executors: the driver holds an entry per snapshot key, however long the history."""
+    table = streamed.table("customers")
+    keys = backfill._key_frame(spark, ['{"id":2}', '{"id":9}', None])
+    newest = backfill._newest_raw_positions(streamed, table, keys)
+    assert list(newest) == ['{"id":2}'] and newest['{"id":2}'][1] == "d"  # id 1's two events stay on the executors
+    state = backfill._state_rows(streamed, table, keys)
+    assert list(state) == ['{"id":2}'] and state['{"id":2}']["_deleted"] is True and backfill.KEY not in state['{"id":2}']
+
+
 def test_missing_inputs_are_clear_errors(streamed) -> None:
     snap = backfill.snapshot_dir(streamed, streamed.table("customers"))
     (snap / "as_of.json").unlink()
@@ -192,3 +202,41 @@ def test_backfill_into_a_table_nothing_has_streamed_to_yet(make_config, query) -
     (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 10}))
     diff = backfill.load_snapshot(cfg, "customers")
     assert diff.inserted == 2 and full_view(query, cfg) == {1: "ann", 2: "bob"}
+
+
+def key_change(old_id: int, new_id: int, pos: int, name: str) -> str:
+    doc = json.loads(event("u", new_id, pos, name))
+    doc["before"] = {"id": old_id, "name": name}
+    return json.dumps(doc)
+
+
+def truncate(pos: int) -> str:
+    doc = json.loads(event("c", 0, pos, ""))
+    doc.update(op="t", before=None, after=None)
+    return json.dumps(doc)
+
+
+def test_a_key_change_and_a_truncate_in_the_log_keep_older_snapshot_rows_out(lake_templates, lake_at, tmp_path, spark, query) -> None:
+    """DBLog's rule for the two log events that delete without naming the snapshot's key as theirs: an update that
+    moves a row to a new key deletes the old key at its position, and a truncate deletes every key below its own."""
+    from cdc_platform.ingest import IngestJob
+
+    def build(root) -> None:
+        lake_at(root, CUSTOMERS, [event("c", 5, 100, "eve"), key_change(5, 6, 200, "eve"), event("c", 7, 300, "gil")])
+
+    cfg = load_config(lake_templates.copy("backfill-key-change", build, tmp_path) / "cdc.yaml")
+    snap = backfill.snapshot_dir(cfg, cfg.table("customers"))
+    snap.mkdir(parents=True)
+    (snap / "rows.csv").write_text("id,name\n5,eve\n6,eve old\n7,gil old\n11,kim\n")
+    (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 150}))
+    diff = backfill.load_snapshot(cfg, "customers")
+    assert diff.samples == {"skipped_deleted": ['{"id":5}'], "skipped_stale": ['{"id":6}', '{"id":7}'], "inserted": ['{"id":11}']}
+    assert full_view(query, cfg) == {6: "eve", 7: "gil", 11: "kim"}
+
+    (cfg.landing / "part-00002.jsonl").write_text(truncate(400) + "\n" + event("c", 8, 500, "hal") + "\n")
+    IngestJob(cfg).run_available_now(spark)
+    (snap / "rows.csv").write_text("id,name\n7,gil\n12,lou\n")
+    (snap / "as_of.json").write_text(json.dumps({"connector": "mysql", "file": "mysql-bin.000003", "pos": 350}))
+    diff = backfill.load_snapshot(cfg, "customers")
+    assert (diff.skipped_deleted, diff.applied) == (2, 0), diff.summary()
+    assert full_view(query, cfg) == {8: "hal"}
