@@ -286,14 +286,19 @@ def batches_since(lake_dir: LakePath, after: dt.datetime | None, limit: int = 10
 def unconfigured_tables(lake_dir: LakePath, configured_sources: set[str]) -> dict[str, int]:
     """Source tables seen in the raw log that have no `tables:` entry, with their event counts.
 
-    Reads one column through delta-rs (no Spark), so the onboarding sensor stays cheap.
+    Reads one column through delta-rs (no Spark), batch by batch, counting as it goes: the onboarding
+    sensor runs every few minutes in Dagster's daemon, and the column of a long-lived raw log (every
+    event's table name) would not fit its memory whole.
     """
     path = lake.table_path(lake_dir, "raw_change_events")
     if not lake.exists(path):
         return {}
-    ids = lake.open_table(path).to_pyarrow_table(columns=["table_id"])
-    counts = ids.group_by("table_id").aggregate([("table_id", "count")]).to_pylist()
-    return {r["table_id"]: int(r["table_id_count"]) for r in counts if r["table_id"] not in configured_sources}
+    counts: dict[str, int] = {}
+    for batch in lake.open_table(path).to_pyarrow_dataset().to_batches(columns=["table_id"]):
+        for entry in pc.value_counts(batch.column(0)).to_pylist():
+            if entry["values"] is not None:
+                counts[entry["values"]] = counts.get(entry["values"], 0) + int(entry["counts"])
+    return {table_id: n for table_id, n in counts.items() if table_id not in configured_sources}
 
 
 SAMPLE = 10

@@ -185,6 +185,11 @@ def test_unconfigured_tables_are_reported(small_lake, land, run_pipeline) -> Non
     land(None, [json.dumps(event)])
     run_pipeline(small_lake)
     assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {"payments.audits": 1}
+    # counted batch by batch over the log's files: a second run's file adds to the same table's count
+    land(None, [json.dumps(event | {"after": {"id": i}, "source": event["source"] | {"pos": 9 + i}}) for i in (10, 11)])
+    run_pipeline(small_lake)
+    assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {"payments.audits": 3}
+    assert checks.unconfigured_tables(small_lake.lake, set())["payments.audits"] == 3
 
 
 def test_coverage_passes_on_peer_data_and_names_a_removed_row(spark, make_config, land, run_pipeline, peer_files) -> None:
