@@ -279,10 +279,10 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     stray = batch.events.num_rows - events.num_rows
     diff = SnapshotDiff(table=name, snapshot_rows=len(lines), invalid=batch.dead_letters.num_rows + batch.markers.num_rows + stray, dry_run=dry_run)
 
-    keys = _key_frame(spark, events.column("key").to_pylist())
-    newest = _newest_raw_positions(config, table, keys)
+    snapshot_keys = _key_frame(spark, events.column("key").to_pylist())
+    newest = _newest_raw_positions(config, table, snapshot_keys)
     truncated_at = newest.get("", ("", ""))[0]
-    state = _state_rows(config, table, keys)
+    state = _state_rows(config, table, snapshot_keys)
     keep: list[int] = []
     for i, (key, position, op, after) in enumerate(zip(*(events.column(c).to_pylist() for c in ("key", "position", "op", "after")))):
         logged = newest.get(key)
@@ -359,8 +359,8 @@ def compare_snapshot(config: PlatformConfig, name: str) -> Any:
     events = events.filter(pc.equal(events.column("table_id"), table.source))
     snap = {k: (p, json.loads(a or "{}")) for k, p, a in zip(*(events.column(c).to_pylist() for c in ("key", "position", "after")))}
     as_of = max((p for p, _ in snap.values()), default="")
-    keys = _key_frame(lake_spark.session(), snap)
-    state = _state_rows(config, table, keys)
+    snapshot_keys = _key_frame(lake_spark.session(), snap)
+    state = _state_rows(config, table, snapshot_keys)
     counts = {"matched": 0, "newer_in_lake": 0, "missing_in_lake": 0, "different_values": 0, "extra_in_lake": 0}
     samples: dict[str, list[str]] = {}
     for key, (position, image) in snap.items():
@@ -374,7 +374,7 @@ def compare_snapshot(config: PlatformConfig, name: str) -> Any:
         counts[kind] += 1
         if kind not in ("matched", "newer_in_lake") and len(samples.setdefault(kind, [])) < SAMPLE:
             samples[kind].append(key)
-    counts["extra_in_lake"], extra = _extra_in_lake(config, table, keys, as_of, SAMPLE)
+    counts["extra_in_lake"], extra = _extra_in_lake(config, table, snapshot_keys, as_of, SAMPLE)
     if extra:
         samples["extra_in_lake"] = extra
     considered = len(snap) - counts["newer_in_lake"]
