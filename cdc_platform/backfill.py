@@ -171,23 +171,21 @@ def _key_frame(spark: Any, keys: Iterable[str | None]) -> DataFrame:
 def _newest_raw_positions(config: PlatformConfig, table: TableConfig, keys: DataFrame) -> dict[str, tuple[str, str]]:
     """Per snapshot key, the highest position in the raw log and the op there (DBLog's 'log event in the window').
 
-    Runs on the executors over the table's whole log; the driver gets one row per snapshot key it has, and
-    the newest truncate under the key "", so a long history costs the executors, never the driver's memory.
+    Runs on the executors over the table's whole log, in one query; the driver gets one row per snapshot
+    key it has, and the newest truncate under the key "", so a long history costs the executors, never the
+    driver's memory.
     """
     from pyspark.sql import functions as F
 
     spark = lake_spark.session()
     raw = lake_spark.read(spark, lake.table_path(config.lake, RAW)).where(F.col("table_id") == table.source)
-    truncated_at = raw.where(F.col("op") == "t").agg(F.max("position")).first()[0]
     logged = raw.where((F.col("op") != "t") & F.col("key").isNotNull()).select("key", "position", "op")
     moved = (raw.where((F.col("op") == "u") & F.col("before").isNotNull() & (F.col("before") != ""))  # a key change deletes the old key
              .select("key", "before", "position").mapInArrow(functools.partial(_moved_keys, table=table), "key string, position string, op string"))
-    newest = (logged.unionByName(moved).join(keys.withColumnRenamed(KEY, "key"), "key", "left_semi")
+    truncates = raw.where((F.col("op") == "t") & F.col("position").isNotNull()).select(F.lit("").alias("key"), "position", "op")
+    newest = (logged.unionByName(moved).join(keys.withColumnRenamed(KEY, "key"), "key", "left_semi").unionByName(truncates)
               .groupBy("key").agg(F.max_by(F.struct("position", "op"), F.struct("position", "op")).alias("newest")))
-    out = {row["key"]: (row["newest"]["position"], row["newest"]["op"]) for row in newest.toArrow().to_pylist()}
-    if truncated_at:
-        out[""] = (truncated_at, "t")
-    return out
+    return {row["key"]: (row["newest"]["position"], row["newest"]["op"]) for row in newest.toArrow().to_pylist()}
 
 
 def _moved_keys(batches: Iterator[pa.RecordBatch], table: TableConfig) -> Iterator[pa.RecordBatch]:
@@ -238,9 +236,8 @@ def _state_frame(config: PlatformConfig, table: TableConfig) -> DataFrame | None
     return folded.mapInArrow(functools.partial(_with_keys, table=table), schema).where(F.col(KEY).isNotNull())
 
 
-def _state_rows(config: PlatformConfig, table: TableConfig, keys: DataFrame) -> dict[str, dict[str, Any]]:
-    """The latest-state rows of the snapshot's keys, by key: matched on the executors, only those collected."""
-    state = _state_frame(config, table)
+def _state_rows(state: DataFrame | None, keys: DataFrame) -> dict[str, dict[str, Any]]:
+    """The latest-state rows (`_state_frame`) of the snapshot's keys, by key: matched on the executors, only those collected."""
     if state is None:
         return {}
     out = {}
@@ -282,7 +279,7 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     snapshot_keys = _key_frame(spark, events.column("key").to_pylist())
     newest = _newest_raw_positions(config, table, snapshot_keys)
     truncated_at = newest.get("", ("", ""))[0]
-    state = _state_rows(config, table, snapshot_keys)
+    state = _state_rows(_state_frame(config, table), snapshot_keys)
     keep: list[int] = []
     for i, (key, position, op, after) in enumerate(zip(*(events.column(c).to_pylist() for c in ("key", "position", "op", "after")))):
         logged = newest.get(key)
@@ -328,11 +325,10 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
     return diff
 
 
-def _extra_in_lake(config: PlatformConfig, table: TableConfig, keys: DataFrame, as_of: str, sample: int) -> tuple[int, list[str]]:
-    """Live lake rows at or below the snapshot's position whose key the snapshot lacks: how many, and the first keys."""
+def _extra_in_lake(state: DataFrame | None, keys: DataFrame, as_of: str, sample: int) -> tuple[int, list[str]]:
+    """Live lake rows (`_state_frame`) at or below the snapshot's position whose key the snapshot lacks: how many, and the first keys."""
     from pyspark.sql import functions as F
 
-    state = _state_frame(config, table)
     if state is None:
         return 0, []
     extra = state.join(keys, KEY, "left_anti").where(
@@ -360,7 +356,15 @@ def compare_snapshot(config: PlatformConfig, name: str) -> Any:
     snap = {k: (p, json.loads(a or "{}")) for k, p, a in zip(*(events.column(c).to_pylist() for c in ("key", "position", "after")))}
     as_of = max((p for p, _ in snap.values()), default="")
     snapshot_keys = _key_frame(lake_spark.session(), snap)
-    state = _state_rows(config, table, snapshot_keys)
+    frame = _state_frame(config, table)
+    if frame is not None:
+        frame = frame.persist()  # folded once for both questions asked of it
+    try:
+        state = _state_rows(frame, snapshot_keys)
+        extra_count, extra = _extra_in_lake(frame, snapshot_keys, as_of, SAMPLE)
+    finally:
+        if frame is not None:
+            frame.unpersist()
     counts = {"matched": 0, "newer_in_lake": 0, "missing_in_lake": 0, "different_values": 0, "extra_in_lake": 0}
     samples: dict[str, list[str]] = {}
     for key, (position, image) in snap.items():
@@ -374,7 +378,7 @@ def compare_snapshot(config: PlatformConfig, name: str) -> Any:
         counts[kind] += 1
         if kind not in ("matched", "newer_in_lake") and len(samples.setdefault(kind, [])) < SAMPLE:
             samples[kind].append(key)
-    counts["extra_in_lake"], extra = _extra_in_lake(config, table, snapshot_keys, as_of, SAMPLE)
+    counts["extra_in_lake"] = extra_count
     if extra:
         samples["extra_in_lake"] = extra
     considered = len(snap) - counts["newer_in_lake"]

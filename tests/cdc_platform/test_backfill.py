@@ -98,7 +98,7 @@ def test_the_driver_gets_the_lakes_rows_of_the_snapshots_keys_only(streamed, spa
     keys = backfill._key_frame(spark, ['{"id":2}', '{"id":9}', None])
     newest = backfill._newest_raw_positions(streamed, table, keys)
     assert list(newest) == ['{"id":2}'] and newest['{"id":2}'][1] == "d"  # id 1's two events stay on the executors
-    state = backfill._state_rows(streamed, table, keys)
+    state = backfill._state_rows(backfill._state_frame(streamed, table), keys)
     assert list(state) == ['{"id":2}'] and state['{"id":2}']["_deleted"] is True and backfill.KEY not in state['{"id":2}']
 
 
