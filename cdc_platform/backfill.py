@@ -44,9 +44,9 @@ import pyarrow.parquet as pq
 
 from cdc_platform import lake, lake_spark, schemas
 from cdc_platform.config import PlatformConfig, TableConfig
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.json_codec import canonical_json
+from cdc_platform.envelope import KeySpec, loads_json, parse_line
 from cdc_platform.errors import ConfigError, LakeError
+from cdc_platform.latest_state.rows import image_key
 from cdc_platform.parsed_batches import rows_to_batch, split_parsed
 from cdc_platform.stage import DEAD_LETTER, RAW, BatchContext, dead_letter_rows
 
@@ -159,7 +159,7 @@ def read_snapshot(config: PlatformConfig, table: TableConfig) -> list[tuple[str,
     return lines
 
 
-KEY = "__key"  # a snapshot key's canonical text (`_key_of`) beside the lake's rows it is matched with
+KEY = "__key"  # a snapshot key's canonical text (`image_key`) beside the lake's rows it is matched with
 
 
 def _key_frame(spark: Any, keys: Iterable[str | None]) -> DataFrame:
@@ -193,8 +193,7 @@ def _moved_keys(batches: Iterator[pa.RecordBatch], table: TableConfig) -> Iterat
     for batch in batches:
         old_keys, positions = [], []
         for key, before, position in zip(*(batch.column(c).to_pylist() for c in ("key", "before", "position"))):
-            image = json.loads(before)
-            old = _key_of(image, table) if isinstance(image, dict) else None
+            old = image_key(loads_json(before), table.key)  # read as the stage reads it: every digit kept
             if old is not None and old != key:
                 old_keys.append(old)
                 positions.append(position)
@@ -204,17 +203,11 @@ def _moved_keys(batches: Iterator[pa.RecordBatch], table: TableConfig) -> Iterat
         )
 
 
-def _key_of(image: dict[str, Any], table: TableConfig) -> str | None:
-    if any(image.get(k) is None for k in table.key):
-        return None
-    return canonical_json({k: image[k] for k in table.key})
-
-
 def _with_keys(batches: Iterator[pa.RecordBatch], table: TableConfig) -> Iterator[pa.RecordBatch]:
     """Latest-state rows with their key's canonical text, the form the snapshot's keys take."""
     for batch in batches:
         images = batch.select(list(table.key)).to_pylist()
-        yield batch.append_column(KEY, pa.array([_key_of(image, table) for image in images], pa.string()))
+        yield batch.append_column(KEY, pa.array([image_key(image, table.key) for image in images], pa.string()))
 
 
 def _state_frame(config: PlatformConfig, table: TableConfig) -> DataFrame | None:

@@ -92,9 +92,16 @@ def fill_keys(raw: pa.Table, key_columns: Sequence[str]) -> pa.Table:
             image = _loads(text) if text is not None else None
         except ValueError:
             continue
-        if isinstance(image, dict) and all(image.get(k) is not None for k in key_columns):
-            filled[i] = canonical_json({k: image[k] for k in key_columns})
+        filled[i] = image_key(image, key_columns)
     return raw.set_column(raw.schema.get_field_index("key"), raw.schema.field("key"), pa.array(filled, pa.string()))
+
+
+def image_key(image: Any, key_columns: Sequence[str]) -> str | None:
+    """The `key` text of a row image (read with the parser's exact numbers, `envelope.loads_json`), or None
+    when it is no object or lacks a key column: the one rule the stage, `cdc rebuild` and backfills share."""
+    if isinstance(image, dict) and all(image.get(k) is not None for k in key_columns):
+        return canonical_json({k: image[k] for k in key_columns})
+    return None
 
 
 def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[ChangeRow], list[tuple[int, str, str]]]:
@@ -122,11 +129,9 @@ def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[Change
             bad.append((i, "missing_after", f"op {op!r} without a usable `after` row image"))
             continue
         if op == "u" and befores[i] is not None:
-            before = _loads(befores[i])
-            if isinstance(before, dict) and all(before.get(k) is not None for k in key_columns):
-                old = canonical_json({k: before[k] for k in key_columns})
-                if old != key:
-                    rows.append(ChangeRow(i, old, "u", True, _loads(old), 0))
+            old = image_key(_loads(befores[i]), key_columns)
+            if old is not None and old != key:
+                rows.append(ChangeRow(i, old, "u", True, _loads(old), 0))
         rows.append(ChangeRow(i, key, op, False, after, 1))
     return rows, bad
 
