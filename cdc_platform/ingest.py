@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from cdc_platform import lake, lake_spark, parse_spark, schemas, sources, storage
+from cdc_platform import lake, lake_spark, parse_spark, schemas, sources, spark_jobs, storage
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec
 from cdc_platform.errors import CdcError
@@ -169,7 +169,7 @@ class IngestJob:
             (METRICS, schemas.PIPELINE_METRICS, []),
         )]
         # The stages' tables are independent of these and of each other: all are created side by side.
-        lake_spark.side_by_side([lambda: lake_spark.ensure_tables(spark, own), *(lambda s=s: s.setup(cfg) for s in self.stages)],
+        spark_jobs.side_by_side([lambda: lake_spark.ensure_tables(spark, own), *(lambda s=s: s.setup(cfg) for s in self.stages)],
                                 name="cdc-setup")
 
     def onboard_added_tables(self) -> list[str]:
@@ -207,7 +207,8 @@ class IngestJob:
             parsed = _parsed_frame(_spark(), parsed)
         parsed = parsed.persist()
         try:
-            return self._commit_batch(parsed, batch_id, query_id, t0=t0, started=started, before=before)
+            with spark_jobs.labelled(parsed.sparkSession, "batch", f"cdc batch {batch_id}"):
+                return self._commit_batch(parsed, batch_id, query_id, t0=t0, started=started, before=before)
         finally:
             parsed.unpersist()
 
@@ -215,7 +216,8 @@ class IngestJob:
         self, parsed: DataFrame, batch_id: int, query_id: str, *, t0: float, started: dt.datetime, before: dict[str, float] | None
     ) -> BatchReport:
         t = time.perf_counter()
-        split = parse_spark.split(parsed, batch_id, started)
+        with spark_jobs.labelled(parsed.sparkSession, "split", f"cdc batch {batch_id}: split"):
+            split = parse_spark.split(parsed, batch_id, started)
         try:
             return self._commit_split(split, batch_id, query_id, t0=t0, started=started, before=before, split_seconds=time.perf_counter() - t)
         finally:
@@ -241,17 +243,18 @@ class IngestJob:
             """The raw log, then the markers (a reader never sees an END before its events); True if replayed."""
             t = time.perf_counter()
             try:
-                # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
-                inserted = lake_spark.insert_new_once(
-                    split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
-                    footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
-                ) if figures_.change_events else 0
-                landed[RAW] = inserted if inserted is not None else 0
-                markers_inserted = lake_spark.insert_new_once(
-                    split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-                    range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
-                ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
-                landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
+                with spark_jobs.labelled(spark, RAW, f"cdc batch {batch_id}: raw log and markers"):
+                    # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
+                    inserted = lake_spark.insert_new_once(
+                        split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+                        footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
+                    ) if figures_.change_events else 0
+                    landed[RAW] = inserted if inserted is not None else 0
+                    markers_inserted = lake_spark.insert_new_once(
+                        split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+                        range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
+                    ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
+                    landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
             except BaseException:
                 raw_gate.fail()
                 raise
@@ -279,11 +282,13 @@ class IngestJob:
             raw_gate.wait()  # these commit inside `run_stage`: after the raw log, as the Spark stages do
             t = time.perf_counter()
             narrow = getattr(stages[0], "driver_columns", None) if len(stages) == 1 else None
-            batch = parse_spark.driver_batch(split, batch_id, started, narrow)  # collected once for them all
+            with spark_jobs.labelled(spark, "collect", f"cdc batch {batch_id}: collect for the driver's stages"):
+                batch = parse_spark.driver_batch(split, batch_id, started, narrow)  # collected once for them all
             seconds["collect"] = time.perf_counter() - t
             for stage in stages:
                 t = time.perf_counter()
-                done[stage.name] = run_stage(stage, batch, ctx, write_isolated)
+                with spark_jobs.labelled(spark, stage.name, f"cdc batch {batch_id}: {stage.name}"):
+                    done[stage.name] = run_stage(stage, batch, ctx, write_isolated)
                 seconds[stage.name] = time.perf_counter() - t
             return done
 
@@ -298,7 +303,8 @@ class IngestJob:
 
             def run_spark(stage: SparkStage) -> None:
                 t = time.perf_counter()
-                results[stage.name] = run_spark_stage(stage, spark_batch, ctx)  # as it returns: released even if another fails
+                with spark_jobs.labelled(spark, stage.name, f"cdc batch {batch_id}: {stage.name}"):
+                    results[stage.name] = run_spark_stage(stage, spark_batch, ctx)  # as it returns: released even if another fails
                 seconds[stage.name] = time.perf_counter() - t
 
             actions: list[Callable[[], None]] = [lambda: replayed.append(write_raw())]  # first: its failure is the one raised
@@ -306,7 +312,7 @@ class IngestJob:
             if arrow_stages:
                 actions.append(lambda: results.update(run_arrow_stages(arrow_stages)))
             # Every stage runs to its end even when another fails (it may be committing); the first failure is raised.
-            lake_spark.side_by_side(actions, name="cdc-stages")
+            spark_jobs.side_by_side(actions, name="cdc-stages")
             distinct = figures_.distinct_events + figures_.distinct_markers
             duplicates = figures_.in_batch_duplicates + (0 if replayed[0] else distinct - landed[RAW] - landed[MARKERS])
             for stage in self.stages:
@@ -327,8 +333,9 @@ class IngestJob:
                     dead = dead.unionByName(lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER))
                 for frame, _ in stage_frames:
                     dead = dead.unionByName(frame)
-                if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
-                    landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
+                with spark_jobs.labelled(spark, DEAD_LETTER, f"cdc batch {batch_id}: dead letters"):
+                    if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
+                        landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
             seconds["dead_letter"] = time.perf_counter() - t
         finally:  # every stage that returned, even when another failed
             for result in results.values():
@@ -355,7 +362,8 @@ class IngestJob:
             return report
         figures, rows_read = self._folded.onto(figures, report.rows_read)
         heartbeat = lake.newest(figures_.newest_heartbeat_ts, self._folded.newest_heartbeat)
-        self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
+        with spark_jobs.labelled(spark, "metrics", f"cdc batch {batch_id}: metrics"):
+            self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
         self._metrics_written_at, self._folded = now, FoldedBatches()
         return report
 

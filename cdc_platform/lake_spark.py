@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
+from cdc_platform.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
 
 if TYPE_CHECKING:
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 #: VACUUM's settings: log `VACUUM START`/`END` commits (with the deleted-file count), and the 7-day check.
 VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
-#: Table operations one caller runs side by side (`side_by_side`): a Delta commit or creation is mostly the
-#: driver waiting on the log (listing, writing the commit file, the snapshot after it), not the cores.
-PARALLEL_COMMITS = 4
 #: VACUUM's own lock: two vacuums must not interleave saving and restoring its settings (session-wide).
 _VACUUM_LOCK = threading.Lock()
 
@@ -118,28 +116,6 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
         spark.sql(f"ALTER TABLE delta.`{location(path)}` ADD COLUMNS ({columns})")
         table = DeltaTable.forPath(spark, location(path))
     return table
-
-
-def side_by_side(actions: Sequence[Callable[[], Any]], *, name: str = "cdc-lake", workers: int = PARALLEL_COMMITS,
-                 on_done: Callable[[int, Any, BaseException | None], None] | None = None) -> list[Any]:
-    """Run independent table operations (on different tables) in threads, `workers` at a time; their results in order.
-
-    Every action runs to its end even when one fails, so no table is left half-way because a sibling
-    failed; the first failure (in the actions' order) is then raised. `on_done(index, result, error)` is
-    called in the calling thread as each action ends (progress for a user, say), not in the worker's.
-    """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    if len(actions) <= 1 and on_done is None:
-        return [action() for action in actions]
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(actions))), thread_name_prefix=name) as pool:
-        futures = [pool.submit(action) for action in actions]
-        if on_done is not None:
-            index = {future: i for i, future in enumerate(futures)}
-            for future in as_completed(futures):
-                error = future.exception()
-                on_done(index[future], None if error is not None else future.result(), error)
-    return [f.result() for f in futures]
 
 
 def ensure_tables(spark: SparkSession, tables: Sequence[tuple[LakePath | str, StructType, Sequence[str]]]) -> None:

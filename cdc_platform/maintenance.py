@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdc_platform import lake, lake_spark, latest_state
+from cdc_platform import lake, lake_spark, latest_state, spark_jobs
 from cdc_platform.config import TableConfig
 from cdc_platform.errors import LakeError
 from cdc_platform.storage import LakePath
@@ -82,7 +82,7 @@ def maintain(
     vacuum_hours: float = DEFAULT_VACUUM_HOURS,
     now: dt.datetime | None = None,
     progress: Callable[[str], None] | None = None,
-    workers: int = lake_spark.PARALLEL_COMMITS,
+    workers: int = spark_jobs.PARALLEL_COMMITS,
 ) -> list[TableMaintenance]:
     """Maintain every Delta table of the lake; latest-state tables also get folded and purged.
 
@@ -106,7 +106,7 @@ def maintain(
     def said(i: int, report: TableMaintenance | None, error: BaseException | None) -> None:
         say(f"{names[i]}: failed: {error}" if report is None else report.summary())
 
-    return lake_spark.side_by_side(  # reports in the lake's order; the first table that failed, in that order, raises
+    return spark_jobs.side_by_side(  # reports in the lake's order; the first table that failed, in that order, raises
         [lambda name=name: _maintain_table(spark, name, present[name], configured.get(name), vacuum_hours, now) for name in names],
         name="cdc-maintain", workers=workers, on_done=said,
     )
@@ -114,6 +114,12 @@ def maintain(
 
 def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
                     now: dt.datetime) -> TableMaintenance:
+    with spark_jobs.labelled(spark, "maintain", f"cdc maintain: {name}"):  # the table's jobs, named in the Spark UI
+        return _maintain_labelled(spark, name, path, table, vacuum_hours, now)
+
+
+def _maintain_labelled(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
+                       now: dt.datetime) -> TableMaintenance:
     t0 = time.perf_counter()
     report = TableMaintenance(name)
     if table is not None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cdc_platform import arrow_parts, lake, lake_spark, schemas, unavailable
+from cdc_platform import arrow_parts, lake, lake_spark, schemas, spark_jobs, unavailable
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.latest_state import staging
 from cdc_platform.latest_state.compaction import compact
@@ -156,7 +156,7 @@ class LatestStateStage:
             return StageResult()
         spark = batch.events.sparkSession
         inputs = dict(zip((t.source for t in tables),
-                          lake_spark.side_by_side([lambda t=t: _table_input(spark, config.lake, t) for t in tables], name="cdc-schema")))
+                          spark_jobs.side_by_side([lambda t=t: _table_input(spark, config.lake, t) for t in tables], name="cdc-schema")))
         staged, plans = self._stage(batch.events, inputs, ctx)
         try:
             needs = {tid: p for tid, p in plans.items() if p.part == staging.NEED}
@@ -182,7 +182,7 @@ class LatestStateStage:
             # commit file, the snapshot after it), and each table's is independent of the others'.
             tasks = [(tid, part) for tid in order for part in (staging.STATE, staging.HISTORY)]
             batch.raw_landed()  # staged beside the raw log's write; committed after it
-            parts = lake_spark.side_by_side([lambda tid=tid, part=part: self._commit_part(spark, config.lake, inputs[tid].table, plans[tid],
+            parts = spark_jobs.side_by_side([lambda tid=tid, part=part: self._commit_part(spark, config.lake, inputs[tid].table, plans[tid],
                                                                                           frames[tid], ctx, part) for tid, part in tasks], name="cdc-commit")
             committed = [TableApply(rows=state.rows, compacted=state.compacted, compact_seconds=state.compact_seconds,
                                     history_rows=history.history_rows) for state, history in zip(parts[::2], parts[1::2])]

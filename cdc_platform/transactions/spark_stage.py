@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import arrow_parts, lake, lake_spark, schemas
+from cdc_platform import arrow_parts, lake, lake_spark, schemas, spark_jobs
 from cdc_platform.config import PlatformConfig
 from cdc_platform.stage import DEAD_LETTER, STAGE_ERROR, BatchContext, SparkBatch, StageFailure, StageResult, dead_letter_rows, poison_reason, summed
 from cdc_platform.storage import LakePath
@@ -229,7 +229,7 @@ class SparkTransactionStage:
             return _write(data, self._path(config, name), None if ctx is None else ctx.app_id(name), version, "append", metadata)
 
         names = [WATERMARK, TRANSACTIONS, INCOMPLETE, LATE]
-        wrote = lake_spark.side_by_side([lambda name=name: output(name) for name in names], name="cdc-tx-commit")
+        wrote = spark_jobs.side_by_side([lambda name=name: output(name) for name in names], name="cdc-tx-commit")
         landed = {name: counts[name] for name, done in zip(names, wrote) if done and name != WATERMARK}
         _, global_rows, after = placed[0]
 

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import lake, lake_spark
+from cdc_platform import lake, lake_spark, spark_jobs
 from cdc_platform.config import PlatformConfig
 from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
 from cdc_platform.storage import LakePath
@@ -181,7 +181,7 @@ class TransactionStage:
                           mode="overwrite" if name == WATERMARK else "append", metadata=None if ctx is not None else "trigger=idle")
 
         outputs = [(TRANSACTIONS, result.completed), (INCOMPLETE, result.incomplete), (LATE, result.late), (WATERMARK, result.watermark)]
-        wrote = lake_spark.side_by_side([lambda item=item: output(*item) for item in outputs], name="cdc-tx-commit")
+        wrote = spark_jobs.side_by_side([lambda item=item: output(*item) for item in outputs], name="cdc-tx-commit")
         landed = {name: data.num_rows for (name, data), done in zip(outputs, wrote) if done and name != WATERMARK}
         state_path = self._path(config, OPEN_TRANSACTIONS)
         app = None if ctx is None else ctx.app_id(OPEN_TRANSACTIONS)

@@ -286,6 +286,36 @@ def test_the_driver_side_stage_runs_beside_the_spark_stages(make_config) -> None
     assert spark_side.released
 
 
+def test_a_batchs_spark_jobs_carry_their_stages_tag_and_no_other_stages(spark: Any, make_config) -> None:
+    """The Spark UI and event log name each job's stage (`spark_jobs.labelled`), Delta's own jobs included;
+    the stages run side by side, so a tag leaking between their threads would mislabel them."""
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    tx = {"id": "tx-1", "total_order": 1, "data_collection_order": 1}
+    lines = [json.dumps({"status": "BEGIN", "id": "tx-1", "event_count": None, "data_collections": None, "ts_ms": 1767225600000}),
+             event(pos=1, transaction=tx), "not json",
+             json.dumps({"status": "END", "id": "tx-1", "event_count": 1,
+                         "data_collections": [{"data_collection": "payments.customers", "event_count": 1}], "ts_ms": 1767225600002})]
+    job = IngestJob(cfg)
+    job.setup()
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    tags = ("batch", "split", "raw_change_events", "latest_state", "transactions", "dead_letter", "metrics")
+
+    def jobs() -> dict[str, set[int]]:
+        return {t: set(tracker.getJobIdsForTag(f"cdc-{t}")) for t in tags}
+
+    before = jobs()
+    report = job.process_parsed(parsed_batch(lines, {"payments.customers": ["id"]}), 0, "q")
+    assert report.rows_landed["raw_change_events"] == 1 and report.dead_letters == 1
+    ran = {t: ids - before[t] for t, ids in jobs().items()}
+    stages = [t for t in tags if t != "batch"]
+    assert all(ran[t] for t in stages), {t: len(ran[t]) for t in tags}
+    assert set().union(*(ran[t] for t in stages)) <= ran["batch"]
+    for i, a in enumerate(stages):
+        for b in stages[i + 1:]:
+            assert not ran[a] & ran[b], f"jobs tagged both {a} and {b}"
+    assert not spark.sparkContext.getJobTags() and spark.sparkContext.getLocalProperty("spark.job.description") is None
+
+
 def tree(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")}
 

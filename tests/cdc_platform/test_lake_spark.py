@@ -47,27 +47,6 @@ def test_ensure_tables_creates_each_table_once_side_by_side(spark: Any, tmp_path
         assert spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["partitionColumns"] == list(partition_by)
 
 
-def test_side_by_side_runs_every_action_at_once_and_raises_the_first_failure_last() -> None:
-    import threading
-
-    meeting = threading.Barrier(2, timeout=30)  # the two first actions only finish together
-    finished: list[str] = []
-
-    def meet(name: str) -> str:
-        meeting.wait()
-        finished.append(name)
-        return name
-
-    def fail() -> str:
-        raise ValueError("no room")
-
-    assert lake_spark.side_by_side([lambda: meet("a"), lambda: meet("b")]) == ["a", "b"]
-    finished.clear()
-    with pytest.raises(ValueError, match="no room"):
-        lake_spark.side_by_side([fail, lambda: finished.append("after") or "after"])
-    assert finished == ["after"]  # the sibling of a failed action still ran to its end
-
-
 @pytest.mark.parametrize("stub", ["empty log", "temp file and empty folder"])
 def test_a_table_whose_creation_was_killed_is_created_on_the_next_start(spark: Any, tmp_path: Path, stub: str) -> None:
     """A SIGKILL between Delta making `_delta_log` and its first commit must not leave the lake stuck (CI crash trial)."""

@@ -33,7 +33,10 @@ def test_cdc_maintain_folds_compacts_vacuums_and_keeps_the_state(make_config, qu
     assert layers(cfg)[DELTA] > 0
     raw = lake.table_path(cfg.lake, "raw_change_events")
     files = lake_spark.file_count(spark, raw)
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    labelled = set(tracker.getJobIdsForTag("cdc-maintain"))
     assert main(["maintain", "--lake", str(cfg.lake), "--vacuum-hours", "0"]) == 0
+    assert set(tracker.getJobIdsForTag("cdc-maintain")) - labelled, "the tables' jobs are named in the Spark UI"
     out = capsys.readouterr().out
     assert "orders: folded 13 pending changes into the base" in out
     assert "raw_change_events: compacted" in out and "vacuumed" in out

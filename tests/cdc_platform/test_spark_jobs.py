@@ -1,0 +1,55 @@
+"""Spark jobs side by side and named: every action runs to its end, and threads carry their caller's label."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdc_platform import spark_jobs
+
+
+def test_side_by_side_runs_every_action_at_once_and_raises_the_first_failure_last() -> None:
+    import threading
+
+    meeting = threading.Barrier(2, timeout=30)  # the two first actions only finish together
+    finished: list[str] = []
+
+    def meet(name: str) -> str:
+        meeting.wait()
+        finished.append(name)
+        return name
+
+    def fail() -> str:
+        raise ValueError("no room")
+
+    assert spark_jobs.side_by_side([lambda: meet("a"), lambda: meet("b")]) == ["a", "b"]
+    finished.clear()
+    with pytest.raises(ValueError, match="no room"):
+        spark_jobs.side_by_side([fail, lambda: finished.append("after") or "after"])
+    assert finished == ["after"]  # the sibling of a failed action still ran to its end
+
+
+def test_labelled_jobs_carry_their_label_into_side_by_side_threads_and_only_theirs(spark: Any) -> None:
+    sc = spark.sparkContext
+    tracker = sc._jsc.sc().statusTracker()
+    seen: dict[str, tuple[set[str], str | None]] = {}
+
+    def part(name: str) -> Any:
+        def run() -> None:
+            with spark_jobs.labelled(spark, f"test-{name}", f"part {name}"):
+                spark.range(3).count()
+                spark_jobs.side_by_side([lambda: spark.range(4).count(), lambda: spark.range(5).count()])  # nested threads
+                seen[name] = (set(sc.getJobTags()), sc.getLocalProperty("spark.job.description"))
+        return run
+
+    sc.setJobDescription("the caller's")
+    try:
+        with spark_jobs.labelled(spark, "test-outer", "outer"):
+            spark_jobs.side_by_side([part("a"), part("b")])
+        assert sc.getLocalProperty("spark.job.description") == "the caller's" and "cdc-test-outer" not in sc.getJobTags()
+    finally:
+        sc.setJobDescription(None)
+    assert seen == {"a": ({"cdc-test-outer", "cdc-test-a"}, "part a"), "b": ({"cdc-test-outer", "cdc-test-b"}, "part b")}
+    a, b, outer = (set(tracker.getJobIdsForTag(f"cdc-test-{n}")) for n in ("a", "b", "outer"))
+    assert len(a) == len(b) >= 3 and not a & b and a | b <= outer  # three counts each, nested ones included
