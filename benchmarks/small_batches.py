@@ -13,7 +13,8 @@ their markers, a duplicate, a malformed line):
 Printed per run: wall seconds, seconds inside the batch by step (`BatchReport.stage_seconds`, each the
 step's end since the batch began: the steps run side by side), CPU seconds by role, how many classes
 Spark compiled with Janino (`CodegenMetrics`), the Spark jobs it ran and the Delta commits it made (each a
-log version of one of the lake's tables); then per variant the medians over the runs after the first
+log version of one of the lake's tables), and those jobs by the label each carries (`spark_jobs.labelled`: the
+batch's split, each stage, dead letters, metrics); then per variant the medians over the runs after the first
 `--warmup` (the JVM's own warm-up). `--repeat 2` runs the variants twice, the second time in the reverse
 order, so that a load drifting on this shared machine falls on every variant; the medians pool both.
 
@@ -77,6 +78,19 @@ def _jobs(spark: Any) -> int | None:
         return None
 
 
+#: The labels a batch's Spark jobs carry (`spark_jobs.labelled`: a job tag `cdc-<label>` each), printed per run.
+LABELS = ("split", "raw_change_events", "latest_state", "transactions", "collect", "dead_letter", "metrics")
+
+
+def _jobs_by_label(spark: Any) -> dict[str, set[int]] | None:
+    """The job ids Spark's status tracker holds for each label's tag, and for the batch's (None if unreadable)."""
+    try:
+        tracker = spark.sparkContext._jsc.sc().statusTracker()
+        return {label: set(tracker.getJobIdsForTag(f"cdc-{label}")) for label in (*LABELS, "batch")}
+    except Exception:  # noqa: BLE001 - a figure to print, not one to fail on
+        return None
+
+
 def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady: bool) -> None:
     """One process, one Spark session with the variant's settings: `runs` runs, a JSON line per run on stdout."""
     from cdc_platform.config import load_config
@@ -101,21 +115,32 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
         shutil.copy(sample.config_path, run_root / "cdc.yaml")
         config = load_config(run_root / "cdc.yaml", lake=run_root / "lake", landing=run_root / "landing")
         compiles = codegen.METRIC_COMPILATION_TIME().getCount()
-        jobs, commits = _jobs(spark), _commits(config.lake)
+        jobs, commits, labelled = _jobs(spark), _commits(config.lake), _jobs_by_label(spark)
         cpu = CpuByRole().start()
         t = time.perf_counter()
         report = IngestJob(config).run_available_now(spark)
         wall = time.perf_counter() - t
+        after_labels = _jobs_by_label(spark)
+        by_label = None if labelled is None or after_labels is None else {k: len(after_labels[k] - labelled[k]) for k in after_labels}
         row: dict[str, Any] = {
             "run": n, "wall": wall, "cpu": cpu.stop(), "compiles": codegen.METRIC_COMPILATION_TIME().getCount() - compiles,
             "jobs": None if jobs is None or (after := _jobs(spark)) is None else after - jobs, "commits": _commits(config.lake) - commits,
             "batches": len(report.batches), "lines": report.total("rows_read"),
             "batch_seconds": sum(b.seconds for b in report.batches),
             "stages": report.stage_seconds(),
+            "by_label": by_label,
         }
         print(json.dumps(row), flush=True)
         if not steady:
             shutil.rmtree(run_root, ignore_errors=True)
+
+
+def _label_text(by_label: dict[str, float], total: float | None) -> str:
+    """`split 5, raw_change_events 14, ...`, then the jobs outside a batch's labels (the run's own: listing, setup)."""
+    parts = [f"{k} {v:g}" for k, v in by_label.items() if k != "batch" and v]
+    if total is not None:
+        parts.append(f"outside a batch {total - by_label.get('batch', 0):g}")
+    return ", ".join(parts)
 
 
 def main() -> None:
@@ -154,6 +179,8 @@ def main() -> None:
             stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
             say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
                 f"{r['lines']} lines, {r['compiles']:3d} compiles, {r['jobs']} jobs, {r['commits']} commits; CPU s: {cpu}")
+            if r.get("by_label") is not None:
+                say(f"          jobs by label: {_label_text(r['by_label'], r['jobs'])}")
         warm[name] += rows[args.warmup:]
     banner(f"medians of the runs after the first {args.warmup} of each process")
     for name in names:
@@ -167,6 +194,9 @@ def main() -> None:
                 f"{statistics.median(r['batch_seconds'] for r in rows):.2f} s in batches, {cpu:.1f} s CPU ({jvm:.1f} s JVM), "
                 f"{statistics.median(r['compiles'] for r in rows):.0f} compiles, "
                 f"{jobs} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits  (n = {len(rows)})")
+            if all(r.get("by_label") is not None for r in rows):
+                medians = {k: statistics.median(r["by_label"][k] for r in rows) for k in rows[0]["by_label"]}
+                say(f"    jobs by label (medians): {_label_text(medians, statistics.median(counted) if len(counted) == len(rows) else None)}")
     exit_now(0)
 
 
