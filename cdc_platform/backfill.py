@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from cdc_platform import lake, lake_spark, schemas
+from cdc_platform import lake, lake_spark, schemas, spark_jobs
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope import KeySpec, loads_json, parse_line
 from cdc_platform.errors import ConfigError, LakeError
@@ -251,6 +251,12 @@ def _sample(diff: SnapshotDiff, kind: str, key: str) -> None:
 
 def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, progress: Callable[[str], None] | None = None) -> SnapshotDiff:
     """Load `<snapshots>/<name>/` into the raw log and the latest state; with `dry_run`, only report the diff."""
+    lake_spark.session()  # started first, so that its jobs carry the label
+    with spark_jobs.labelled("backfill", f"cdc backfill{' (dry run)' if dry_run else ''}: {name}"):
+        return _load_snapshot(config, name, dry_run=dry_run, progress=progress)
+
+
+def _load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool, progress: Callable[[str], None] | None) -> SnapshotDiff:
     from cdc_platform.latest_state import Events, LatestStateStage, apply_table
 
     say = progress or (lambda _m: None)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from cdc_platform import lake
+from cdc_platform import lake, spark_jobs
 from cdc_platform.errors import CheckCrashed
 from cdc_platform.storage import LakePath
 
@@ -56,7 +56,7 @@ def side_by_side(evaluations: Mapping[K, Callable[[], CheckOutcome]], threads: i
     """
     failures: list[tuple[K, Exception]] = []
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(evaluations))), thread_name_prefix="cdc-check") as pool:
-        pending = {pool.submit(evaluate): key for key, evaluate in evaluations.items()}
+        pending = {pool.submit(_labelled, key, evaluate): key for key, evaluate in evaluations.items()}
         for future in as_completed(pending):
             key = pending[future]
             try:
@@ -69,6 +69,12 @@ def side_by_side(evaluations: Mapping[K, Callable[[], CheckOutcome]], threads: i
         key, exc = failures[0]
         others = f" ({len(failures) - 1} other check(s) failed too: {', '.join(str(k) for k, _ in failures[1:])})" if len(failures) > 1 else ""
         raise CheckCrashed(f"the check {key} could not run: {type(exc).__name__}: {exc}{others}") from exc
+
+
+def _labelled(key: Hashable, evaluate: Callable[[], CheckOutcome]) -> CheckOutcome:
+    """A check's Spark jobs carry its name in the Spark UI (`cdc check: <name>`, tag `cdc-check`)."""
+    with spark_jobs.labelled("check", f"cdc check: {key}"):
+        return evaluate()
 
 
 @dataclass(frozen=True)

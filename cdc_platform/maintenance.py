@@ -114,7 +114,7 @@ def maintain(
 
 def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
                     now: dt.datetime) -> TableMaintenance:
-    with spark_jobs.labelled(spark, "maintain", f"cdc maintain: {name}"):  # the table's jobs, named in the Spark UI
+    with spark_jobs.labelled("maintain", f"cdc maintain: {name}"):  # the table's jobs, named in the Spark UI
         return _maintain_labelled(spark, name, path, table, vacuum_hours, now)
 
 

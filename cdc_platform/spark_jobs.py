@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from typing import Any
 
 #: Table operations one caller runs side by side (`side_by_side`): a Delta commit or creation is mostly the
 #: driver waiting on the log (listing, writing the commit file, the snapshot after it), not the cores.
@@ -77,14 +74,20 @@ JOB_TAG_PREFIX = "cdc-"
 
 
 @contextmanager
-def labelled(spark: SparkSession, what: str, description: str) -> Iterator[None]:
+def labelled(what: str, description: str) -> Iterator[None]:
     """Name the Spark jobs this thread starts inside the block, in the Spark UI and the event log.
 
     `description` becomes the jobs' description (Spark's UI lists jobs by it; Delta's own jobs show their
     own while they run), `what` a job tag `cdc-<what>` that stays on every job, Delta's included. Threads
     started with `side_by_side` inside the block carry both. The thread's earlier description is put back.
+    Without a running Spark there is nothing to name, and the block just runs.
     """
-    sc = spark.sparkContext
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        yield
+        return
     tag = JOB_TAG_PREFIX + what
     before = sc.getLocalProperty("spark.job.description")
     had_tag = tag in sc.getJobTags()

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform import lake, lake_spark, schemas, unavailable
+from cdc_platform import lake, lake_spark, schemas, spark_jobs, unavailable
 from cdc_platform.config import PlatformConfig
 from cdc_platform.errors import LakeError
 from cdc_platform.latest_state.apply import _dead_rows
@@ -75,6 +75,12 @@ def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], N
     Stop the stream first: the rebuild replaces the table in one commit, and a batch appended meanwhile
     would be lost from it (it stays in the raw log, so a second rebuild recovers it).
     """
+    lake_spark.session()  # started first, so that its jobs carry the label
+    with spark_jobs.labelled("rebuild", f"cdc rebuild: {name}"):
+        return _rebuild(config, name, progress)
+
+
+def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] | None) -> RebuildReport:
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     table = config.table(name)

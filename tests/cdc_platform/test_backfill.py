@@ -12,6 +12,7 @@ import pytest
 from cdc_platform import backfill, lake
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError, LakeError
+from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 CUSTOMERS = {"payments.customers": {"key": ["id"]}}
 
@@ -48,9 +49,11 @@ def full_view(query, cfg) -> dict[int, str]:
     return {r["id"]: r["name"] for r in query(cfg, "SELECT id, name FROM customers__full_view")}
 
 
-def test_dry_run_reports_the_diff_and_commits_nothing(streamed) -> None:
+def test_dry_run_reports_the_diff_and_commits_nothing(streamed, spark) -> None:
     before = versions(streamed)
+    labelled = tagged_jobs(spark, "backfill")
     diff = backfill.load_snapshot(streamed, "customers", dry_run=True)
+    assert tagged_jobs(spark, "backfill") - labelled, "its Spark jobs are named in the Spark UI"
     assert (diff.snapshot_rows, diff.inserted, diff.updated, diff.skipped_stale, diff.skipped_deleted) == (4, 2, 0, 1, 1)
     assert diff.samples["inserted"] == ['{"id":3}', '{"id":4}'] and diff.samples["skipped_deleted"] == ['{"id":2}']
     assert not diff.committed and "dry run" in diff.summary()

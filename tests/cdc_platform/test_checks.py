@@ -13,6 +13,7 @@ from cdc_platform import checks, quality
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
 from cdc_platform.ingest import IngestJob
+from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 
 SMALL = {"payments.customers": {"key": ["id"]}}
@@ -307,6 +308,17 @@ def test_checks_evaluate_side_by_side_and_each_outcome_comes_back() -> None:
 
     outcomes = dict(checks.side_by_side({"a": lambda: meets("a"), "b": lambda: meets("b"), "c": lambda: _passing("c")}, threads=2))
     assert {k: o.description for k, o in outcomes.items()} == {"a": "a passed", "b": "b passed", "c": "c passed"}
+
+
+def test_a_checks_spark_jobs_carry_its_name(spark) -> None:
+    labelled = tagged_jobs(spark, "check")
+
+    def counts() -> checks.CheckOutcome:
+        spark.range(3).count()
+        return _passing("counts")
+
+    assert [k for k, _ in checks.side_by_side({"counts": counts, "nothing": lambda: _passing("nothing")})] != []
+    assert tagged_jobs(spark, "check") - labelled
 
 
 def test_a_check_that_raises_leaves_the_others_their_outcomes_then_is_raised() -> None:

@@ -20,6 +20,7 @@ from cdc_platform.envelope import KeySpec, parse_line
 from cdc_platform.ingest import IngestJob
 from cdc_platform.parsed_batches import rows_to_batch
 from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
+from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 PRODUCTS = {"inventory.products": {"key": ["id"]}}
 
@@ -297,11 +298,10 @@ def test_a_batchs_spark_jobs_carry_their_stages_tag_and_no_other_stages(spark: A
                          "data_collections": [{"data_collection": "payments.customers", "event_count": 1}], "ts_ms": 1767225600002})]
     job = IngestJob(cfg)
     job.setup()
-    tracker = spark.sparkContext._jsc.sc().statusTracker()
     tags = ("batch", "split", "raw_change_events", "latest_state", "transactions", "dead_letter", "metrics")
 
     def jobs() -> dict[str, set[int]]:
-        return {t: set(tracker.getJobIdsForTag(f"cdc-{t}")) for t in tags}
+        return {t: tagged_jobs(spark, t) for t in tags}
 
     before = jobs()
     report = job.process_parsed(parsed_batch(lines, {"payments.customers": ["id"]}), 0, "q")

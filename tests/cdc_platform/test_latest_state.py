@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_platform import lake
+from cdc_platform import lake, lake_spark
 from cdc_platform.cli import main
 from cdc_platform.config import PlatformConfig
 from cdc_platform.envelope import KeySpec, parse_line
@@ -22,6 +22,7 @@ from cdc_platform.ingest import IngestJob
 from cdc_platform.latest_state import LatestStateStage, compact
 from cdc_platform.parsed_batches import rows_to_batch
 from cdc_platform.run_reports import BatchReport
+from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 T0 = 1_767_225_600_000
 ORDERS = "shop.orders"
@@ -275,7 +276,9 @@ def test_incompatible_type_change_is_dead_lettered_then_rebuilt_from_the_raw_log
     assert "cdc rebuild --table orders" in dead[0]["reason"]
     assert state(query, cfg, cols="id, code") == [{"id": 1, "code": 7}, {"id": 2, "code": 8}]  # not corrupted
 
+    labelled = tagged_jobs(lake_spark.session(), "rebuild")
     assert main(["rebuild", "--config", str(tmp_path / "cdc.yaml"), "--table", "orders"]) == 0
+    assert tagged_jobs(lake_spark.session(), "rebuild") - labelled, "its Spark jobs are named in the Spark UI"
     assert state(query, cfg, cols="id, code") == [{"id": 1, "code": "A7"}, {"id": 2, "code": "8"}]
     feed([u(2, 300, code="B8")])  # the stream carries on with the new type
     assert state(query, cfg, cols="id, code") == [{"id": 1, "code": "A7"}, {"id": 2, "code": "B8"}]

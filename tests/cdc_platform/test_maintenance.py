@@ -13,6 +13,7 @@ from cdc_platform.cli import main
 from cdc_platform.latest_state import BASE, DELTA, LAYER, LatestStateStage, purge_tombstones
 from cdc_platform.maintenance import maintain
 from tests.cdc_platform.test_latest_state import Feed, c, d, state, truncate, u
+from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 ORDERS = {"shop.orders": {"key": ["id"], "tombstone_retention": "1 hours"}}
 
@@ -33,10 +34,9 @@ def test_cdc_maintain_folds_compacts_vacuums_and_keeps_the_state(make_config, qu
     assert layers(cfg)[DELTA] > 0
     raw = lake.table_path(cfg.lake, "raw_change_events")
     files = lake_spark.file_count(spark, raw)
-    tracker = spark.sparkContext._jsc.sc().statusTracker()
-    labelled = set(tracker.getJobIdsForTag("cdc-maintain"))
+    labelled = tagged_jobs(spark, "maintain")
     assert main(["maintain", "--lake", str(cfg.lake), "--vacuum-hours", "0"]) == 0
-    assert set(tracker.getJobIdsForTag("cdc-maintain")) - labelled, "the tables' jobs are named in the Spark UI"
+    assert tagged_jobs(spark, "maintain") - labelled, "the tables' jobs are named in the Spark UI"
     out = capsys.readouterr().out
     assert "orders: folded 13 pending changes into the base" in out
     assert "raw_change_events: compacted" in out and "vacuumed" in out
