@@ -67,3 +67,15 @@ def test_without_a_running_spark_a_label_names_nothing_and_the_block_runs(monkey
     with spark_jobs.labelled("nothing", "no Spark here"):
         ran.append(1)
     assert ran == [1] and spark_jobs.side_by_side([lambda: 1, lambda: 2]) == [1, 2]
+
+
+def test_side_by_side_threads_carry_the_callers_job_group(spark: Any) -> None:
+    """A streaming query runs its batch under its job group, which stopping the query cancels: a stage's
+    threads must be in it too, not outside it."""
+    sc = spark.sparkContext
+    sc.setJobGroup("test-query-run", "a streaming batch", interruptOnCancel=True)
+    try:
+        groups = spark_jobs.side_by_side([lambda: sc.getLocalProperty("spark.jobGroup.id"), lambda: sc.getLocalProperty("spark.jobGroup.id")])
+    finally:
+        sc._jsc.clearJobGroup()  # PySpark has no clearJobGroup
+    assert groups == ["test-query-run", "test-query-run"]
