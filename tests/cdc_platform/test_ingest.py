@@ -59,14 +59,26 @@ def test_peer_data_lands_in_the_raw_log(make_config, land, run_pipeline, query, 
     assert metrics[0]["lag_seconds"] > 0
 
 
-def test_replica_identity_file_dead_letters_the_keyless_delete(make_config, land, run_pipeline, query, peer_files) -> None:
+def test_replica_identity_file_dead_letters_the_keyless_delete(spark, make_config, land, run_pipeline, query, peer_files) -> None:
     cfg = make_config(PRODUCTS)
     land(None, peer_files["replica_identity"])
+    labels = ("batch", "split", "raw_change_events", "latest_state", "transactions", "dead_letter", "metrics")
+    before = {label: tagged_jobs(spark, label) for label in labels}
     run_pipeline(cfg)
     assert count(query, cfg, "raw_change_events") == 15
     (dead,) = query(cfg, "SELECT reason_code, reason, stage, table_id, batch_id FROM dead_letter")
     assert dead["reason_code"] == "delete_without_row" and dead["stage"] == "ingest"
     assert "REPLICA IDENTITY FULL" in dead["reason"] and dead["table_id"] == "inventory.products"
+
+    # The Spark UI and event log name each job's part of the batch (`spark_jobs.labelled`), Delta's own jobs
+    # included; the stages run side by side, so a tag leaking between their threads would mislabel them.
+    ran = {label: tagged_jobs(spark, label) - before[label] for label in labels}
+    parts = [label for label in labels if label != "batch"]
+    assert all(ran[label] for label in parts), {label: len(ran[label]) for label in labels}
+    assert set().union(*(ran[label] for label in parts)) <= ran["batch"]
+    for i, a in enumerate(parts):
+        for b in parts[i + 1:]:
+            assert not ran[a] & ran[b], f"jobs tagged both {a} and {b}"
 
 
 def test_running_twice_adds_nothing_even_without_the_checkpoint(make_config, land, run_pipeline, query, peer_files) -> None:
@@ -285,35 +297,6 @@ def test_the_driver_side_stage_runs_beside_the_spark_stages(make_config) -> None
     with pytest.raises(StageFailure, match="disk full"):
         job.process_parsed(batch, 2, "q")
     assert spark_side.released
-
-
-def test_a_batchs_spark_jobs_carry_their_stages_tag_and_no_other_stages(spark: Any, make_config) -> None:
-    """The Spark UI and event log name each job's stage (`spark_jobs.labelled`), Delta's own jobs included;
-    the stages run side by side, so a tag leaking between their threads would mislabel them."""
-    cfg = make_config({"payments.customers": {"key": ["id"]}})
-    tx = {"id": "tx-1", "total_order": 1, "data_collection_order": 1}
-    lines = [json.dumps({"status": "BEGIN", "id": "tx-1", "event_count": None, "data_collections": None, "ts_ms": 1767225600000}),
-             event(pos=1, transaction=tx), "not json",
-             json.dumps({"status": "END", "id": "tx-1", "event_count": 1,
-                         "data_collections": [{"data_collection": "payments.customers", "event_count": 1}], "ts_ms": 1767225600002})]
-    job = IngestJob(cfg)
-    job.setup()
-    tags = ("batch", "split", "raw_change_events", "latest_state", "transactions", "dead_letter", "metrics")
-
-    def jobs() -> dict[str, set[int]]:
-        return {t: tagged_jobs(spark, t) for t in tags}
-
-    before = jobs()
-    report = job.process_parsed(parsed_batch(lines, {"payments.customers": ["id"]}), 0, "q")
-    assert report.rows_landed["raw_change_events"] == 1 and report.dead_letters == 1
-    ran = {t: ids - before[t] for t, ids in jobs().items()}
-    stages = [t for t in tags if t != "batch"]
-    assert all(ran[t] for t in stages), {t: len(ran[t]) for t in tags}
-    assert set().union(*(ran[t] for t in stages)) <= ran["batch"]
-    for i, a in enumerate(stages):
-        for b in stages[i + 1:]:
-            assert not ran[a] & ran[b], f"jobs tagged both {a} and {b}"
-    assert not spark.sparkContext.getJobTags() and spark.sparkContext.getLocalProperty("spark.job.description") is None
 
 
 def tree(root: Path) -> set[Path]:
