@@ -115,10 +115,10 @@ def maintain(
 def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
                     now: dt.datetime) -> TableMaintenance:
     with spark_jobs.labelled("maintain", f"cdc maintain: {name}"):  # the table's jobs, named in the Spark UI
-        return _maintain_labelled(spark, name, path, table, vacuum_hours, now)
+        return _maintenance_steps(spark, name, path, table, vacuum_hours, now)
 
 
-def _maintain_labelled(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
+def _maintenance_steps(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
                        now: dt.datetime) -> TableMaintenance:
     t0 = time.perf_counter()
     report = TableMaintenance(name)
