@@ -217,7 +217,7 @@ class IngestJob:
         self, parsed: DataFrame, batch_id: int, query_id: str, *, t0: float, started: dt.datetime, before: dict[str, float] | None
     ) -> BatchReport:
         t = time.perf_counter()
-        with spark_jobs.labelled("split", f"cdc batch {batch_id}: split"):
+        with spark_jobs.batch_labelled(batch_id, "split"):
             split = parse_spark.split(parsed, batch_id, started)
         try:
             return self._commit_split(split, batch_id, query_id, t0=t0, started=started, before=before, split_seconds=time.perf_counter() - t)
@@ -244,7 +244,7 @@ class IngestJob:
             """The raw log, then the markers (a reader never sees an END before its events); True if replayed."""
             t = time.perf_counter()
             try:
-                with spark_jobs.labelled(RAW, f"cdc batch {batch_id}: raw log and markers"):
+                with spark_jobs.batch_labelled(batch_id, RAW, "raw log and markers"):
                     # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
                     inserted = lake_spark.insert_new_once(
                         split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
@@ -283,12 +283,12 @@ class IngestJob:
             raw_gate.wait()  # these commit inside `run_stage`: after the raw log, as the Spark stages do
             t = time.perf_counter()
             narrow = getattr(stages[0], "driver_columns", None) if len(stages) == 1 else None
-            with spark_jobs.labelled("collect", f"cdc batch {batch_id}: collect for the driver's stages"):
+            with spark_jobs.batch_labelled(batch_id, "collect", "collect for the driver's stages"):
                 batch = parse_spark.driver_batch(split, batch_id, started, narrow)  # collected once for them all
             seconds["collect"] = time.perf_counter() - t
             for stage in stages:
                 t = time.perf_counter()
-                with spark_jobs.labelled(stage.name, f"cdc batch {batch_id}: {stage.name}"):
+                with spark_jobs.batch_labelled(batch_id, stage.name):
                     done[stage.name] = run_stage(stage, batch, ctx, write_isolated)
                 seconds[stage.name] = time.perf_counter() - t
             return done
@@ -304,7 +304,7 @@ class IngestJob:
 
             def run_spark(stage: SparkStage) -> None:
                 t = time.perf_counter()
-                with spark_jobs.labelled(stage.name, f"cdc batch {batch_id}: {stage.name}"):
+                with spark_jobs.batch_labelled(batch_id, stage.name):
                     results[stage.name] = run_spark_stage(stage, spark_batch, ctx)  # as it returns: released even if another fails
                 seconds[stage.name] = time.perf_counter() - t
 
@@ -334,7 +334,7 @@ class IngestJob:
                     dead = dead.unionByName(lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER))
                 for frame, _ in stage_frames:
                     dead = dead.unionByName(frame)
-                with spark_jobs.labelled(DEAD_LETTER, f"cdc batch {batch_id}: dead letters"):
+                with spark_jobs.batch_labelled(batch_id, DEAD_LETTER, "dead letters"):
                     if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
                         landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
             seconds["dead_letter"] = time.perf_counter() - t
@@ -363,7 +363,7 @@ class IngestJob:
             return report
         figures, rows_read = self._folded.onto(figures, report.rows_read)
         heartbeat = lake.newest(figures_.newest_heartbeat_ts, self._folded.newest_heartbeat)
-        with spark_jobs.labelled("metrics", f"cdc batch {batch_id}: metrics"):
+        with spark_jobs.batch_labelled(batch_id, "metrics"):
             self._write_metrics(spark, report, figures_.newest_source_ts, figures, started, ctx, rows_read=rows_read, heartbeat=heartbeat)
         self._metrics_written_at, self._folded = now, FoldedBatches()
         return report

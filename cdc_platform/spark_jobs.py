@@ -10,7 +10,7 @@ streaming query's job group.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 #: Table operations one caller runs side by side (`side_by_side`): a Delta commit or creation is mostly the
@@ -99,3 +99,9 @@ def labelled(what: str, description: str) -> Iterator[None]:
         if not had_tag:
             sc.removeJobTag(tag)
         sc.setJobDescription(before)  # type: ignore[arg-type]  # None clears it
+
+
+def batch_labelled(batch_id: int, part: str, what: str | None = None) -> AbstractContextManager[None]:
+    """`labelled` for one part of a micro-batch: tag `cdc-<part>`, description `cdc batch <id>: <what>` (`what`
+    defaults to the part's name), the one form every batch's jobs are named in."""
+    return labelled(part, f"cdc batch {batch_id}: {what or part}")
