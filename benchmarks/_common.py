@@ -150,9 +150,9 @@ def _status_kib(pid: int, key: str) -> int:
     return 0
 
 
-def _comm(pid: int) -> str:
+def _comm(pid: int, *, task_of: int | None = None) -> str:
     try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+        with open(f"/proc/{pid}/comm" if task_of is None else f"/proc/{task_of}/task/{pid}/comm", encoding="utf-8") as fh:
             return fh.read().strip()
     except OSError:
         return "?"
@@ -215,10 +215,12 @@ class MemorySampler:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int, *, reaped: bool = False) -> float | None:
-    """utime + stime of one process (with `reaped`, plus its children that exited and were waited for), or None once it is gone."""
+def cpu_seconds(pid: int, *, reaped: bool = False, task_of: int | None = None) -> float | None:
+    """utime + stime of one process (with `reaped`, plus its children that exited and were waited for), or of one
+    thread `pid` of process `task_of`; None once it is gone."""
+    where = f"/proc/{pid}" if task_of is None else f"/proc/{task_of}/task/{pid}"
     try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+        with open(f"{where}/stat", encoding="utf-8") as fh:
             stat = fh.read()
     except OSError:
         return None
@@ -238,7 +240,18 @@ class CpuByRole:
     between are counted; one that was alive at the start and ended in between is charged whole.
     """
 
+    #: Also split each JVM's CPU by the kind of thread that spent it (`jvm_thread_kind`), as `jvm: <kind>` entries
+    #: beside the `jvm` total: whether a JVM's time goes to Spark's tasks, the JIT compilers, the garbage
+    #: collector or the driver's own threads (planning, Delta's commits, Py4J). Threads come and go (Spark's
+    #: pools, the JIT's compiler threads), and one that ends takes its figure out of /proc, so the threads are
+    #: read every `interval` seconds and each is charged what it had spent when last seen; what is left of the
+    #: JVM's total (threads that lived less than an interval, or the end of one) is `jvm: unseen`.
+    jvm_threads: bool = False
+    interval: float = 0.5
     _start: dict[int, float] = field(default_factory=dict)
+    _threads: dict[tuple[int, int], tuple[str, float, float]] = field(default_factory=dict)  # kind, first, last seen
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _sampler: threading.Thread | None = None
 
     def _read(self) -> dict[int, tuple[str, float]]:
         me = os.getpid()
@@ -251,20 +264,84 @@ class CpuByRole:
                 found[pid] = (role, value)
         return found
 
+    def _see_threads(self, pids: list[int], *, first: bool = False) -> None:
+        for pid in pids:
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                value = cpu_seconds(tid, task_of=pid)
+                if value is None:
+                    continue
+                known = self._threads.get((pid, tid))
+                if known is None:  # a thread's name is read once (a task thread's name changes, not its kind)
+                    # A thread first seen after the start began within the measured phase: all its CPU counts.
+                    self._threads[(pid, tid)] = (jvm_thread_kind(_comm(tid, task_of=pid)), value if first else 0.0, value)
+                else:
+                    self._threads[(pid, tid)] = (known[0], known[1], value)
+
+    def _sample(self, pids: list[int]) -> None:
+        while not self._stop.wait(self.interval):
+            self._see_threads(pids)
+
     def start(self) -> CpuByRole:
-        self._start = {pid: value for pid, (_, value) in self._read().items()}
+        found = self._read()
+        self._start = {pid: value for pid, (_, value) in found.items()}
+        if self.jvm_threads:
+            jvms = [pid for pid, (role, _) in found.items() if role == "jvm"]
+            self._see_threads(jvms, first=True)
+            self._sampler = threading.Thread(target=self._sample, args=(jvms,), daemon=True)
+            self._sampler.start()
         return self
 
     def stop(self) -> dict[str, float]:
         roles: dict[str, float] = {}
-        for pid, (role, value) in self._read().items():
+        found = self._read()
+        for pid, (role, value) in found.items():
             roles[role] = roles.get(role, 0.0) + value - self._start.get(pid, 0.0)
+        if self._sampler is not None:
+            self._stop.set()
+            self._sampler.join()
+            self._see_threads([pid for pid, (role, _) in found.items() if role == "jvm"])
+            by_kind: dict[str, float] = {}
+            for kind, first, last in self._threads.values():
+                by_kind[kind] = by_kind.get(kind, 0.0) + last - first
+            by_kind["unseen"] = roles.get("jvm", 0.0) - sum(by_kind.values())
+            roles.update({f"jvm: {kind}": seconds for kind, seconds in by_kind.items()})
         return roles
 
 
+#: HotSpot names a Java thread's OS thread after it (its first 15 characters): what `CpuByRole` sorts by.
+_JVM_THREAD_KINDS = (
+    ("Executor task l", "tasks"),  # Spark's "Executor task launch worker for task N"
+    ("C2 CompilerThre", "jit"), ("C1 CompilerThre", "jit"),
+    ("GC Thread", "gc"), ("G1 ", "gc"), ("VM Thread", "gc"),  # the VM thread runs the safepoint operations, the collections among them
+)
+
+
+def jvm_thread_kind(name: str) -> str:
+    """tasks, jit, gc, or driver: every other thread (the main one, Py4J's, the scheduler's, Delta's commit threads)."""
+    return next((kind for prefix, kind in _JVM_THREAD_KINDS if name.startswith(prefix)), "driver")
+
+
+def cpu_roles(cpu: dict[str, float]) -> dict[str, float]:
+    """`CpuByRole.stop()`'s roles, which add up to the process tree's CPU (the JVM's split by thread left out)."""
+    return {k: v for k, v in cpu.items() if not k.startswith("jvm: ")}
+
+
+def jvm_thread_seconds(cpu: dict[str, float]) -> dict[str, float]:
+    """`CpuByRole.stop()`'s split of the JVM's CPU by kind of thread (empty without `jvm_threads`)."""
+    return {k.removeprefix("jvm: "): v for k, v in cpu.items() if k.startswith("jvm: ")}
+
+
 def cpu_line(cpu: dict[str, float], wall: float) -> str:
-    total = sum(cpu.values())
-    parts = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    roles = cpu_roles(cpu)
+    total = sum(roles.values())
+    parts = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(roles.items(), key=lambda kv: -kv[1]))
+    threads = jvm_thread_seconds(cpu)
+    if threads:
+        parts += " (JVM by thread: " + ", ".join(f"{k} {v:,.1f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])) + ")"
     return f"CPU seconds: {parts}; total {total:,.1f} = {total / wall:.2f} of {os.cpu_count()} cores over {wall:.1f} s"
 
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, CpuByRole, alternating, banner, exit_now, fresh_dir, say
+from _common import OUT, CpuByRole, alternating, banner, cpu_roles, exit_now, fresh_dir, jvm_thread_seconds, say
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -116,7 +116,7 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
         config = load_config(run_root / "cdc.yaml", lake=run_root / "lake", landing=run_root / "landing")
         compiles = codegen.METRIC_COMPILATION_TIME().getCount()
         jobs, commits, labelled = _jobs(spark), _commits(config.lake), _jobs_by_label(spark)
-        cpu = CpuByRole().start()
+        cpu = CpuByRole(jvm_threads=True).start()
         t = time.perf_counter()
         report = IngestJob(config).run_available_now(spark)
         wall = time.perf_counter() - t
@@ -175,10 +175,13 @@ def main() -> None:
             exit_now(out.returncode)
         rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
         for r in rows:
-            cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1]))
+            cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu_roles(r["cpu"]).items(), key=lambda kv: -kv[1]))
+            threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(jvm_thread_seconds(r["cpu"]).items(), key=lambda kv: -kv[1]))
             stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
             say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
                 f"{r['lines']} lines, {r['compiles']:3d} compiles, {r['jobs']} jobs, {r['commits']} commits; CPU s: {cpu}")
+            if threads:
+                say(f"          JVM CPU s by thread: {threads}")
             if r.get("by_label") is not None:
                 say(f"          jobs by label: {_label_text(r['by_label'], r['jobs'])}")
         warm[name] += rows[args.warmup:]
@@ -186,7 +189,7 @@ def main() -> None:
     for name in names:
         rows = warm[name]
         if rows:
-            cpu = statistics.median(sum(r["cpu"].values()) for r in rows)
+            cpu = statistics.median(sum(cpu_roles(r["cpu"]).values()) for r in rows)
             jvm = statistics.median(r["cpu"].get("jvm", 0.0) for r in rows)
             counted = [r["jobs"] for r in rows if r["jobs"] is not None]
             jobs = f"{statistics.median(counted):.0f}" if len(counted) == len(rows) else "?"  # `_jobs` could not read Spark's counter
@@ -194,6 +197,10 @@ def main() -> None:
                 f"{statistics.median(r['batch_seconds'] for r in rows):.2f} s in batches, {cpu:.1f} s CPU ({jvm:.1f} s JVM), "
                 f"{statistics.median(r['compiles'] for r in rows):.0f} compiles, "
                 f"{jobs} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits  (n = {len(rows)})")
+            kinds = {k for r in rows for k in jvm_thread_seconds(r["cpu"])}
+            if kinds:
+                by_kind = {k: statistics.median(jvm_thread_seconds(r["cpu"]).get(k, 0.0) for r in rows) for k in kinds}
+                say("    JVM CPU s by thread (medians): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
             if all(r.get("by_label") is not None for r in rows):
                 medians = {k: statistics.median(r["by_label"][k] for r in rows) for k in rows[0]["by_label"]}
                 say(f"    jobs by label (medians): {_label_text(medians, statistics.median(counted) if len(counted) == len(rows) else None)}")

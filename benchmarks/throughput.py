@@ -321,7 +321,7 @@ def main() -> int:
         f"{', '.join(type(s).__name__ for s in default_stages(config)) or 'none'}); "
         f"max_files_per_trigger={args.max_files_per_trigger}")
     mem = MemorySampler().start()
-    cpu = CpuByRole().start()
+    cpu = CpuByRole(jvm_threads=True).start()
     wall0 = time.time()
     t0 = time.perf_counter()
     report = job.run_available_now(spark)
