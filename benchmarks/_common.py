@@ -235,7 +235,8 @@ class CpuByRole:
     JVM (driver and, in local mode, the executors), and Spark's Python workers (the Arrow functions: the
     parser, the transaction buckets, the part decoders).
 
-    Two readings of /proc, at the start and at the end. A Python process under the JVM counts with the
+    Two readings of /proc, at the start and at the end (with `jvm_threads`, the JVM's threads are also read in
+    between, see there). A Python process under the JVM counts with the
     children it reaped (pyspark's daemon forks the workers and waits for them), so workers that ended in
     between are counted; one that was alive at the start and ended in between is charged whole.
     """
