@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,11 @@ DEFAULT_RECHECK_SECONDS = 30.0
 _KEYS = {"kind", "host", "port", "database", "user", "password", "recheck_after", "connect_timeout"}
 _ENV_REF_RE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _BINLOG_INDEX_RE = re.compile(r"(\d+)$")
+#: Rows fetched from the source at a time: what the driver holds of a table while it streams it on.
+CHUNK_ROWS = 50_000
+
+#: What a read hands each chunk of rows to, with the columns they have (`read_table_chunks`).
+Sink = Callable[[tuple[str, ...], list[tuple[Any, ...]]], None]
 
 
 class SourceConnectionError(CdcError):
@@ -63,6 +68,23 @@ class SourceRead:
     position: str  # in the lake's `_position` format
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class SourceScan:
+    """One consistent read of a source table whose rows went to a sink, chunk by chunk: what is left of it."""
+
+    position: str  # in the lake's `_position` format
+    columns: tuple[str, ...]
+    rows: int  # how many rows the sink was handed
+
+
+class _SinkFailed(Exception):
+    """Internal: the sink raised while a read was under way; its error is raised as it is, not as the source's."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def parse_source_connection(value: Any, where: str, environ: Mapping[str, str] | None = None) -> SourceConnection | None:
@@ -163,22 +185,45 @@ def _connect(conn: SourceConnection) -> Iterator[Any]:
 
 def read_table(conn: SourceConnection, source_table: str, key: Sequence[str] = (),
                key_values: Sequence[Sequence[Any]] | None = None) -> SourceRead:
-    """Every row of `source_table` (or only those whose key is in `key_values`) with the log position of
-    the snapshot they were read in. PostgreSQL: REPEATABLE READ, whose snapshot is taken by the first
-    statement, which also reads `pg_current_wal_lsn()`. MariaDB/MySQL: `START TRANSACTION WITH
-    CONSISTENT SNAPSHOT` and the binlog position of that snapshot (MariaDB's `binlog_snapshot_*`)."""
+    """Every row of `source_table` (or only those whose key is in `key_values`), held in memory, with the log
+    position of the snapshot they were read in (`read_table_chunks`); for reads known to be small."""
+    rows: list[tuple[Any, ...]] = []
+    scan = read_table_chunks(conn, source_table, lambda _columns, chunk: rows.extend(chunk), key, key_values)
+    return SourceRead(scan.position, scan.columns, rows)
+
+
+def read_table_chunks(conn: SourceConnection, source_table: str, sink: Sink, key: Sequence[str] = (),
+                      key_values: Sequence[Sequence[Any]] | None = None, *, chunk_rows: int = CHUNK_ROWS) -> SourceScan:
+    """Every row of `source_table` (or only those whose key is in `key_values`), handed to `sink` at most
+    `chunk_rows` at a time while the read's transaction stays open, with the log position of the snapshot
+    they were read in. PostgreSQL: REPEATABLE READ, whose snapshot is taken by the first statement, which
+    also reads `pg_current_wal_lsn()`. MariaDB/MySQL: `START TRANSACTION WITH CONSISTENT SNAPSHOT` and the
+    binlog position of that snapshot (MariaDB's `binlog_snapshot_*`). Both stream from the server (a
+    server-side cursor, an unbuffered one), so a table of any size passes through one chunk at a time.
+
+    The database's errors become `SourceConnectionError`; the sink's own errors are raised as they are.
+    """
     if key_values is not None and not key_values:
-        return SourceRead("", (), [])
+        return SourceScan("", (), 0)
     schema, table = _split_name(source_table, conn.kind, conn.database)
     name = f"{_quote(schema, conn.kind)}.{_quote(table, conn.kind)}"
     mark = "%s"
     where = _key_filter(key, len(key_values), conn.kind, mark) if key_values is not None else ""
     params = [v for row in key_values for v in row] if key_values is not None else []
+
+    def guarded(columns: tuple[str, ...], chunk: list[tuple[Any, ...]]) -> None:
+        try:
+            sink(columns, chunk)
+        except BaseException as error:
+            raise _SinkFailed(error) from error
+
     try:
         with _connect(conn) as c:
             if conn.kind == "postgresql":
-                return _read_postgres(c, name, where, params)
-            return _read_binlog_source(c, name, where, params)
+                return _read_postgres(c, name, where, params, guarded, chunk_rows)
+            return _read_binlog_source(c, name, where, params, guarded, chunk_rows)
+    except _SinkFailed as failed:
+        raise failed.error from None
     except SourceConnectionError:
         raise
     except Exception as e:  # the driver's own errors: one line naming the source and the table
@@ -187,19 +232,32 @@ def read_table(conn: SourceConnection, source_table: str, key: Sequence[str] = (
                                     "check source_connection in the config and the credentials in its environment variables") from e
 
 
-def _read_postgres(c: Any, name: str, where: str, params: list[Any]) -> SourceRead:
+def _stream(cur: Any, columns: tuple[str, ...], sink: Sink, chunk_rows: int) -> int:
+    """Every row the cursor's statement returns, to the sink in chunks; how many there were."""
+    n = 0
+    while True:
+        chunk = [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in cur.fetchmany(chunk_rows)]
+        if not chunk:
+            return n
+        n += len(chunk)
+        sink(columns, chunk)
+
+
+def _read_postgres(c: Any, name: str, where: str, params: list[Any], sink: Sink, chunk_rows: int) -> SourceScan:
     # The first statement of the REPEATABLE READ transaction takes its snapshot, and reads the LSN with it.
     (lsn,) = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     with c.cursor(name="cdc_coverage") as cur:  # server-side: rows stream in batches, not all at once
-        cur.itersize = 10_000
+        cur.itersize = min(10_000, chunk_rows)
         cur.execute(f"SELECT * FROM {name}{where}", params)
-        rows = [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in cur]
         columns = tuple(d.name for d in cur.description or ())
+        n = _stream(cur, columns, sink, chunk_rows)
     c.rollback()
-    return SourceRead(pg_lsn_position(lsn), columns, rows)
+    return SourceScan(pg_lsn_position(lsn), columns, n)
 
 
-def _read_binlog_source(c: Any, name: str, where: str, params: list[Any]) -> SourceRead:
+def _read_binlog_source(c: Any, name: str, where: str, params: list[Any], sink: Sink, chunk_rows: int) -> SourceScan:
+    import pymysql.cursors
+
     with c.cursor() as cur:
         cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
         cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")  # MariaDB: the binlog position of this very snapshot
@@ -211,8 +269,9 @@ def _read_binlog_source(c: Any, name: str, where: str, params: list[Any]) -> Sou
         if not status.get("Binlog_snapshot_file"):
             raise SourceConnectionError("the source has no binary log (log_bin is off), so its rows cannot be placed against the lake's "
                                         "binlog positions; Debezium needs log_bin=ON and binlog_format=ROW anyway")
+    with c.cursor(pymysql.cursors.SSCursor) as cur:  # unbuffered: the rows stream from the server as they are fetched
         cur.execute(f"SELECT * FROM {name}{where}", params)
-        rows = [tuple(row) for row in cur.fetchall()]
         columns = tuple(d[0] for d in cur.description or ())
+        n = _stream(cur, columns, sink, chunk_rows)
     c.rollback()
-    return SourceRead(binlog_position(status["Binlog_snapshot_file"], int(status["Binlog_snapshot_position"])), columns, rows)
+    return SourceScan(binlog_position(status["Binlog_snapshot_file"], int(status["Binlog_snapshot_position"])), columns, n)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import envelope, source_coverage
+from cdc_platform import envelope, source_connection, source_coverage
 from cdc_platform.config import TableConfig, load_config
 from cdc_platform.errors import ConfigError
 from cdc_platform.lake import write_registry
@@ -22,10 +22,12 @@ from cdc_platform.source_connection import (
     SourceConnection,
     SourceConnectionError,
     SourceRead,
+    SourceScan,
     binlog_position,
     parse_source_connection,
     pg_lsn_position,
     read_table,
+    read_table_chunks,
 )
 from cdc_platform.source_coverage import LakeSide, compare, same_value
 
@@ -103,45 +105,178 @@ def test_a_source_without_the_key_column_is_a_config_error() -> None:
 
 
 class FakeSide:
-    """Successive source reads and lake states, as `source_coverage` asks for them."""
+    """Successive source reads and lake states, as `source_coverage` asks for them: the reads go to the check's
+    sink in chunks of two rows, the lake states are Spark frames, so the compare runs as it does on a real lake."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, reads: list[SourceRead], lakes: list[LakeSide]) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, spark: Any, reads: list[SourceRead], lakes: list[LakeSide]) -> None:
         self.reads, self.lakes, self.asked = reads, lakes, []
-        monkeypatch.setattr(source_coverage, "read_table", self.read_table)
-        monkeypatch.setattr(source_coverage, "read_lake", lambda spark, lake_dir, table: self.lakes.pop(0))
+        monkeypatch.setattr(source_coverage, "read_table_chunks", self.read_table_chunks)
+        monkeypatch.setattr(source_coverage, "lake_frame", lambda spark_, lake_dir, table: self.frame(spark, self.lakes.pop(0)))
 
-    def read_table(self, conn: SourceConnection, source: str, key: tuple[str, ...] = (), key_values: Any = None) -> SourceRead:
+    def read_table_chunks(self, conn: SourceConnection, source: str, sink: Any, key: tuple[str, ...] = (), key_values: Any = None) -> SourceScan:
         self.asked.append(None if key_values is None else sorted(tuple(v) for v in key_values))
-        return self.reads.pop(0)
+        read = self.reads.pop(0)
+        for i in range(0, len(read.rows), 2):
+            sink(read.columns, read.rows[i:i + 2])
+        return SourceScan(read.position, read.columns, len(read.rows))
+
+    @staticmethod
+    def frame(spark: Any, side: LakeSide) -> Any:
+        return spark.createDataFrame(list(side.rows.values()), "id long, name string, _position string, _deleted boolean")
 
 
-def test_a_stream_that_is_only_behind_passes_on_the_recheck(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    side = FakeSide(monkeypatch,
+def scratch_left(lake_dir: Path) -> list[Path]:
+    return sorted((lake_dir / "_scratch").glob("*")) if (lake_dir / "_scratch").exists() else []
+
+
+def test_the_check_gives_each_key_the_verdict_compare_gives_it_across_buckets(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any
+) -> None:
+    """The executors' compare (source rows chunked into the lake's scratch folder, both sides bucketed) judges
+    every key as `compare` does in one piece, with more buckets than keys; the scratch folder is gone after."""
+    read = SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (6, "f")])
+    stored = lake((1, "a", "0010", False), (2, "B", "0020", False), (3, None, "0030", True), (4, "x", "0060", False),
+                  (5, "e", "0040", False), (7, "g", "0070", False), (8, None, "0045", True))
+    monkeypatch.setattr(source_coverage, "BUCKET_ROWS", 1)
+    FakeSide(monkeypatch, spark, [read, SourceRead("0080", ("id", "name"), [(2, "b"), (3, "c"), (6, "f")])], [stored, stored])
+    out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: None)
+    whole = compare(read, stored, TABLE)
+    assert not out.passed
+    assert {k: out.metadata[k] for k in whole.counts} == {**whole.counts, "matched": 1, "changed_after_read": 2}
+    assert out.metadata["live_mismatched_keys"] == {"different_values": ['{"id": 2}'], "missing_in_lake": ['{"id": 3}', '{"id": 6}'],
+                                                    "extra_in_lake": ['{"id": 5}']}
+    assert out.metadata["different_columns"] == {"name": 1} and out.metadata["rechecked_keys"] == 4
+    assert out.metadata["source_rows"] == 5 and out.metadata["source_position"] == "0050"
+    assert scratch_left(tmp_path) == []
+
+
+def test_a_stream_that_is_only_behind_passes_on_the_recheck(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any) -> None:
+    side = FakeSide(monkeypatch, spark,
                     [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b2")]), SourceRead("0070", ("id", "name"), [(2, "b3")])],
                     [lake((1, "a", "0010", False), (2, "b", "0020", False)), lake((1, "a", "0010", False), (2, "b3", "0065", False))])
     slept: list[float] = []
-    out = source_coverage.source_coverage(None, tmp_path, TABLE, CONN, sleep=slept.append)
+    out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=slept.append)
     assert out.passed, out.description
     assert slept == [7.0] and side.asked == [None, [(2,)]], "only the differing key is read again, recheck_after later"
     assert out.metadata["matched"] == 2 and out.metadata["rechecked_keys"] == 1 and out.metadata["live_coverage_percent"] == 100.0
 
 
-def test_a_lost_row_fails_naming_its_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    FakeSide(monkeypatch, [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b")]), SourceRead("0051", ("id", "name"), [(2, "b")])],
+def test_a_lost_row_fails_naming_its_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any) -> None:
+    FakeSide(monkeypatch, spark, [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b")]), SourceRead("0051", ("id", "name"), [(2, "b")])],
              [lake((1, "a", "0010", False)), lake((1, "a", "0010", False))])
-    out = source_coverage.source_coverage(None, tmp_path, TABLE, CONN, sleep=lambda s: None)
+    out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: None)
     assert not out.passed
     assert out.metadata["live_mismatched_keys"] == {"missing_in_lake": ['{"id": 2}']}
     assert out.metadata["live_coverage_percent"] == 50.0
     assert 'e.g. key {"id": 2}' in out.description and "still after a recheck 7 s later" in out.description
 
 
-def test_too_many_differing_keys_are_not_read_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_too_many_differing_keys_are_not_read_again_and_the_sample_is_the_first_keys(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any
+) -> None:
     monkeypatch.setattr(source_coverage, "MAX_RECHECK", 1)
-    side = FakeSide(monkeypatch, [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b")])], [lake()])
-    out = source_coverage.source_coverage(None, tmp_path, TABLE, CONN, sleep=lambda s: pytest.fail("no recheck expected"))
-    assert not out.passed and out.metadata["missing_in_lake"] == 2 and out.metadata["rechecked_keys"] == 0
+    rows = [(i, "x") for i in range(25)]
+    side = FakeSide(monkeypatch, spark, [SourceRead("0050", ("id", "name"), rows)], [lake()])
+    out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: pytest.fail("no recheck expected"))
+    assert not out.passed and out.metadata["missing_in_lake"] == 25 and out.metadata["rechecked_keys"] == 0
     assert side.asked == [None]
+    assert out.metadata["live_mismatched_keys"] == {"missing_in_lake": sorted(f'{{"id": {i}}}' for i in range(25))[:source_coverage.SAMPLE]}
+
+
+def test_a_value_of_a_type_only_the_driver_knows_is_compared_as_its_text(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any) -> None:
+    """A PostgreSQL range, say: the executors get its text, which is all `canonical` makes of such a value."""
+
+    class Span:  # defined here, so an executor could not unpickle it
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def __str__(self) -> str:
+            return self.text
+
+    assert same_value(Span("[1,5)"), "[1,5)") and not same_value(Span("[1,5)"), "[1,6)")
+    FakeSide(monkeypatch, spark, [SourceRead("0050", ("id", "name"), [(1, Span("[1,5)")), (2, Span("[2,3)"))]),
+                                  SourceRead("0051", ("id", "name"), [(2, Span("[2,3)"))])],
+             [lake((1, "[1,5)", "0010", False), (2, "[2,4)", "0020", False)), lake((2, "[2,4)", "0020", False))])
+    out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: None)
+    assert (out.metadata["matched"], out.metadata["different_values"]) == (1, 1)
+    assert out.metadata["live_mismatched_keys"] == {"different_values": ['{"id": 2}']}
+
+
+def test_a_source_without_the_key_column_fails_the_check_as_a_config_error_and_leaves_no_scratch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any
+) -> None:
+    for rows in ([(1, "a"), (2, "b"), (3, "c")], []):  # a read with rows stops at its first chunk; an empty one after the read
+        FakeSide(monkeypatch, spark, [SourceRead("0050", ("uid", "name"), rows)], [lake((1, "a", "0010", False))])
+        with pytest.raises(ConfigError, match="no key column id"):
+            source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: None)
+        assert scratch_left(tmp_path) == []
+
+
+class FakeCursor:
+    def __init__(self, rows: list[tuple[Any, ...]], fail_at: int | None = None) -> None:
+        self.rows, self.fetches, self.fail_at = list(rows), [], fail_at
+        self.description = [type("Column", (), {"name": n})() for n in ("id", "name")]
+
+    def __enter__(self) -> FakeCursor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def execute(self, sql: str, params: Any = None) -> FakeCursor:
+        return self
+
+    def fetchone(self) -> tuple[str]:
+        return ("1/16B3748",)
+
+    def fetchmany(self, n: int) -> list[tuple[Any, ...]]:
+        if self.fail_at is not None and len(self.fetches) == self.fail_at:
+            raise OSError("server closed the connection unexpectedly")
+        chunk, self.rows = self.rows[:n], self.rows[n:]
+        self.fetches.append(len(chunk))
+        return chunk
+
+
+class FakeConnection:
+    def __init__(self, cursor: FakeCursor) -> None:
+        self.cur, self.rolled_back = cursor, False
+
+    def execute(self, sql: str) -> FakeCursor:
+        return self.cur
+
+    def cursor(self, name: str | None = None) -> FakeCursor:
+        return self.cur
+
+    def rollback(self) -> None:
+        self.rolled_back = True
+
+
+def test_a_read_streams_its_rows_in_chunks_and_says_whose_error_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver holds one chunk at a time; the database's errors name the source, the sink's stay its own."""
+    from contextlib import contextmanager
+
+    def connect_to(cursor: FakeCursor) -> Any:
+        @contextmanager
+        def fake(conn: SourceConnection) -> Any:
+            yield FakeConnection(cursor)
+        return fake
+
+    rows = [(i, memoryview(b"ab")) for i in range(7)]
+    cursor = FakeCursor(rows)
+    monkeypatch.setattr(source_connection, "_connect", connect_to(cursor))
+    got: list[list[tuple[Any, ...]]] = []
+    scan = read_table_chunks(CONN, "public.accounts", lambda columns, chunk: got.append(chunk), chunk_rows=3)
+    assert scan == SourceScan(pg_lsn_position("1/16B3748"), ("id", "name"), 7)
+    assert [len(c) for c in got] == [3, 3, 1] and cursor.fetches == [3, 3, 1, 0]
+    assert got[0][0] == (0, b"ab")  # bytes, not a view of the driver's buffer
+
+    monkeypatch.setattr(source_connection, "_connect", connect_to(FakeCursor(rows)))
+    with pytest.raises(ZeroDivisionError):
+        read_table_chunks(CONN, "public.accounts", lambda columns, chunk: 1 / 0, chunk_rows=3)
+
+    monkeypatch.setattr(source_connection, "_connect", connect_to(FakeCursor(rows, fail_at=1)))
+    with pytest.raises(SourceConnectionError, match="cannot read public.accounts from .*: server closed the connection unexpectedly"):
+        read_table_chunks(CONN, "public.accounts", lambda columns, chunk: None, chunk_rows=3)
 
 
 def test_the_reads_position_is_written_as_the_lakes_positions_are() -> None:
