@@ -289,22 +289,83 @@ def batches_since(lake_dir: LakePath, after: dt.datetime | None, limit: int = 10
     return rows
 
 
-def unconfigured_tables(lake_dir: LakePath, configured_sources: set[str]) -> dict[str, int]:
-    """Source tables seen in the raw log that have no `tables:` entry, with their event counts.
+@dataclass(frozen=True)
+class TableCensus:
+    """Events per source table in the raw log as of one of its versions: what `raw_census` counts on from.
 
-    Reads one column through delta-rs (no Spark), batch by batch, counting as it goes: the onboarding
-    sensor runs every few minutes in Dagster's daemon, and the column of a long-lived raw log (every
-    event's table name) would not fit its memory whole.
+    Kept between runs of the onboarding sensor (its cursor, `to_cursor`/`from_cursor`), so a run reads only
+    the files added since the last one instead of the whole log's `table_id` column every time.
+    """
+
+    version: int
+    counts: dict[str, int]
+    files_read: int = 0  # data files this census read (every file of the log when it started afresh)
+    afresh: bool = True  # counted from the whole log, not on from an earlier census
+
+    def to_cursor(self) -> str:
+        return json.dumps({"version": self.version, "counts": self.counts}, sort_keys=True)
+
+    @staticmethod
+    def from_cursor(cursor: str | None) -> TableCensus | None:
+        """The census a cursor holds; None for no cursor or one written by something else (counted afresh)."""
+        try:
+            doc = json.loads(cursor) if cursor else None
+            return TableCensus(int(doc["version"]), {str(k): int(v) for k, v in doc["counts"].items()}, afresh=False)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def raw_census(lake_dir: LakePath, since: TableCensus | None = None) -> TableCensus | None:
+    """Events per source table in the raw log (None before it exists), counted on from `since` when it can be.
+
+    Reads one column through delta-rs (no Spark), batch by batch: the onboarding sensor runs every few
+    minutes in Dagster's daemon, and the column of a long-lived raw log would not fit its memory whole.
+    The raw log only grows (appends, one per batch), so the files added after `since`'s version hold every
+    event it has not counted. A version that removed files (`cdc maintain`'s OPTIMIZE rewrites them), an
+    older version than `since`'s (a lake made anew), or one whose log is gone (cleaned up) is counted afresh.
     """
     path = lake.table_path(lake_dir, "raw_change_events")
     if not lake.exists(path):
-        return {}
-    counts: dict[str, int] = {}
-    for batch in lake.open_table(path).to_pyarrow_dataset().to_batches(columns=["table_id"]):
-        for entry in pc.value_counts(batch.column(0)).to_pylist():
-            if entry["values"] is not None:
-                counts[entry["values"]] = counts.get(entry["values"], 0) + int(entry["counts"])
-    return {table_id: n for table_id, n in counts.items() if table_id not in configured_sources}
+        return None
+    table = lake.open_table(path)
+    version = table.version()
+    counts: dict[str, int] | None = None
+    new_files: set[str] | None = None
+    if since is not None and since.version <= version:
+        try:
+            before = _data_files(lake.open_snapshot(path, since.version))
+        except Exception:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load (log cleaned up)
+            before = None
+        now = _data_files(table)
+        if before is not None and before <= now:
+            counts, new_files = dict(since.counts), now - before
+    afresh = counts is None
+    counts = counts if counts is not None else {}
+    read = 0
+    for fragment in table.to_pyarrow_dataset().get_fragments():
+        if new_files is not None and fragment.path not in new_files:
+            continue
+        read += 1
+        for batch in fragment.to_batches(columns=["table_id"]):
+            for entry in pc.value_counts(batch.column(0)).to_pylist():
+                if entry["values"] is not None:
+                    counts[entry["values"]] = counts.get(entry["values"], 0) + int(entry["counts"])
+    return TableCensus(version, counts, files_read=read, afresh=afresh)
+
+
+def _data_files(table: DeltaTable) -> set[str]:
+    """The table's data files at its version, as paths relative to the table (as its dataset's fragments name them)."""
+    return set(_add_actions(table).column("path").to_pylist())
+
+
+def unconfigured_tables(lake_dir: LakePath, configured_sources: set[str]) -> dict[str, int]:
+    """Source tables seen in the raw log that have no `tables:` entry, with their event counts."""
+    census = raw_census(lake_dir)
+    return {} if census is None else unconfigured(census, configured_sources)
+
+
+def unconfigured(census: TableCensus, configured_sources: set[str]) -> dict[str, int]:
+    return {table_id: n for table_id, n in census.counts.items() if table_id not in configured_sources}
 
 
 SAMPLE = 10

@@ -113,7 +113,11 @@ def build_defs(config_path: Path | None = None) -> Definitions:
     @sensor(minimum_interval_seconds=300, default_status=DefaultSensorStatus.RUNNING,
             description="Reports source tables that reach the raw log but have no `tables:` entry in cdc.yaml (no latest state yet).")
     def unconfigured_source_tables(context: SensorEvaluationContext):  # type: ignore[no-untyped-def]
-        found = checks.unconfigured_tables(config.lake, {t.source for t in config.tables})
+        # The cursor keeps the last count: each tick reads only the raw log's files added since (checks.raw_census).
+        census = checks.raw_census(config.lake, checks.TableCensus.from_cursor(context.cursor))
+        if census is not None:
+            context.update_cursor(census.to_cursor())
+        found = {} if census is None else checks.unconfigured(census, {t.source for t in config.tables})
         if not found:
             return SkipReason("every source table in the raw log is configured")
         listing = ", ".join(f"{name} ({n:,} events)" for name, n in sorted(found.items()))

@@ -193,6 +193,39 @@ def test_unconfigured_tables_are_reported(small_lake, land, run_pipeline) -> Non
     assert checks.unconfigured_tables(small_lake.lake, set())["payments.audits"] == 3
 
 
+def test_the_census_of_the_raw_log_counts_on_from_the_last_one(spark, small_lake, land, run_pipeline) -> None:
+    """What the onboarding sensor keeps in its cursor: a later census reads only the files added since, and
+    counts what a census from scratch counts; rewritten files, a lake made anew or a foreign cursor count afresh."""
+    from cdc_platform import lake, lake_spark
+
+    event = {"before": None, "after": {"id": 9}, "op": "c", "ts_ms": 1, "transaction": None,
+             "source": {"connector": "mysql", "db": "payments", "table": "audits", "ts_ms": 1, "file": "b.000001", "pos": 9}}
+    land(None, [json.dumps(event)])
+    run_pipeline(small_lake)
+    first = checks.raw_census(small_lake.lake)
+    assert first is not None and first.afresh and first.counts["payments.audits"] == 1
+    assert checks.TableCensus.from_cursor(first.to_cursor()) == checks.TableCensus(first.version, first.counts, afresh=False)
+    for foreign in (None, "", "2026-11-28T10:00:00", '{"version": "x"}', "[1]"):
+        assert checks.TableCensus.from_cursor(foreign) is None
+
+    land(None, [json.dumps(event | {"after": {"id": i}, "source": event["source"] | {"pos": 9 + i}}) for i in (10, 11)])
+    run_pipeline(small_lake)
+    later = checks.raw_census(small_lake.lake, checks.TableCensus.from_cursor(first.to_cursor()))
+    whole = checks.raw_census(small_lake.lake)
+    assert later is not None and whole is not None
+    assert not later.afresh and later.counts == whole.counts and later.counts["payments.audits"] == 3
+    assert 1 <= later.files_read < whole.files_read  # only the second run's files
+    unchanged = checks.raw_census(small_lake.lake, later)
+    assert unchanged is not None and unchanged.files_read == 0 and unchanged.counts == whole.counts
+
+    raw = lake.table_path(small_lake.lake, "raw_change_events")
+    lake_spark.optimize(spark, raw)  # files rewritten (and the old ones removed): counted afresh, nothing twice
+    rewritten = checks.raw_census(small_lake.lake, later)
+    assert rewritten is not None and rewritten.afresh and rewritten.counts == whole.counts
+    ahead = checks.raw_census(small_lake.lake, checks.TableCensus(rewritten.version + 5, {"payments.audits": 99}, afresh=False))
+    assert ahead is not None and ahead.afresh and ahead.counts == whole.counts  # a cursor of a lake since made anew
+
+
 def test_coverage_passes_on_peer_data_and_names_a_removed_row(spark, make_config, land, run_pipeline, peer_files) -> None:
     from cdc_platform import lake
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 
 from cdc_platform.generate import generate_workload
@@ -119,6 +120,33 @@ def test_the_stream_sensor_reports_each_micro_batch_once(pipeline_run: Any) -> N
     assert all(m["dagster/last_updated_timestamp"].value == newest and m["batch_id"] == observed.metadata["batch_id"] for m in tables.values())
     again = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
     assert isinstance(again, SkipReason)
+
+
+def test_the_onboarding_sensor_names_an_unconfigured_table_and_keeps_its_count_in_the_cursor(pipeline_run: Any) -> None:
+    from dagster import SkipReason, build_sensor_context
+
+    from cdc_platform import checks
+    from cdc_platform.config import load_config
+
+    workload, _, _, instance = pipeline_run
+    doc = yaml.safe_load(workload.config_path.read_text(encoding="utf-8"))
+    removed = doc["tables"].pop("payments.refunds")
+    assert removed is not None
+    narrower = workload.config_path.with_name("cdc-without-refunds.yaml")  # same folder: the same landing and lake
+    narrower.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    sensor = build_defs(narrower).resolve_sensor_def("unconfigured_source_tables")
+    first_context = build_sensor_context(instance=instance)
+    first = sensor(first_context)
+    census = checks.raw_census(load_config(workload.config_path).lake)
+    assert census is not None
+    events = census.counts["payments.refunds"]
+    assert isinstance(first, SkipReason) and f"payments.refunds ({events:,} events)" in (first.skip_message or "")
+    cursor = checks.TableCensus.from_cursor(first_context.cursor)
+    assert cursor is not None and cursor.counts["payments.refunds"] == events
+    again = sensor(build_sensor_context(instance=instance, cursor=first_context.cursor))
+    assert isinstance(again, SkipReason) and again.skip_message == first.skip_message
+    everything = build_defs(workload.config_path).resolve_sensor_def("unconfigured_source_tables")(build_sensor_context(instance=instance))
+    assert isinstance(everything, SkipReason) and "every source table in the raw log is configured" in (everything.skip_message or "")
 
 
 def test_the_demo_records_what_landed_as_materialisations(pipeline_run: Any, tmp_path: Path) -> None:
