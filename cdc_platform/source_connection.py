@@ -63,7 +63,7 @@ class SourceConnection:
 
 @dataclass(frozen=True)
 class SourceRead:
-    """One consistent read of a source table: its columns, its rows and the log position it saw."""
+    """Rows of one consistent read of a source table (all, or one bucket's share), with the log position it saw."""
 
     position: str  # in the lake's `_position` format
     columns: tuple[str, ...]
@@ -181,15 +181,6 @@ def _connect(conn: SourceConnection) -> Iterator[Any]:
                 c.close()
     except ImportError as e:
         raise SourceConnectionError(f"reading {conn.kind} needs its Python driver ({e.name}): pip install 'cdc-platform[sources]'") from e
-
-
-def read_table(conn: SourceConnection, source_table: str, key: Sequence[str] = (),
-               key_values: Sequence[Sequence[Any]] | None = None) -> SourceRead:
-    """Every row of `source_table` (or only those whose key is in `key_values`), held in memory, with the log
-    position of the snapshot they were read in (`read_table_chunks`); for reads known to be small."""
-    rows: list[tuple[Any, ...]] = []
-    scan = read_table_chunks(conn, source_table, lambda _columns, chunk: rows.extend(chunk), key, key_values)
-    return SourceRead(scan.position, scan.columns, rows)
 
 
 def read_table_chunks(conn: SourceConnection, source_table: str, sink: Sink, key: Sequence[str] = (),

@@ -26,7 +26,6 @@ from cdc_platform.source_connection import (
     binlog_position,
     parse_source_connection,
     pg_lsn_position,
-    read_table,
     read_table_chunks,
 )
 from cdc_platform.source_coverage import LakeSide, compare, same_value
@@ -326,7 +325,7 @@ def test_an_unreachable_source_is_one_line_naming_it() -> None:
         port = s.getsockname()[1]
     conn = SourceConnection("postgresql", "127.0.0.1", port, "app", "reader", "pw", connect_timeout=2)
     with pytest.raises(SourceConnectionError, match=rf"cannot read public.accounts from postgresql://reader@127.0.0.1:{port}/app: .*check source_connection") as err:
-        read_table(conn, "public.accounts")
+        read_table_chunks(conn, "public.accounts", lambda columns, chunk: None)
     assert "\n" not in str(err.value)
 
 
@@ -334,4 +333,4 @@ def test_a_missing_driver_says_what_to_install(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "pymysql", None)
     conn = SourceConnection("mariadb", "127.0.0.1", 3306, "app", "reader", "pw")
     with pytest.raises(SourceConnectionError, match=r"needs its Python driver \(pymysql\): pip install 'cdc-platform\[sources\]'"):
-        read_table(conn, "app.accounts")
+        read_table_chunks(conn, "app.accounts", lambda columns, chunk: None)
