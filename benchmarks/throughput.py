@@ -247,7 +247,10 @@ def main() -> int:
                         help="also time the naive peer: foreachBatch + a delta-spark MERGE per table (default on)")
     parser.add_argument("--parse-only", action="store_true", help="time and profile the parser alone, no Spark")
     parser.add_argument("--parse-lines", type=int, default=200_000, help="lines for --parse-only")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session, on top of the platform's (repeatable): a variant to compare")
     args = parser.parse_args()
+    conf = dict(item.split("=", 1) for item in args.conf)
 
     w = workload(transactions_for(args.events), args.seed, args.events_per_file)
     f = w.facts
@@ -269,8 +272,8 @@ def main() -> int:
     run_dir = OUT / "throughput"
     fresh_dir(run_dir)
     t0 = time.perf_counter()
-    spark = get_spark("cdc-benchmark-throughput")
-    say(f"spark started in {time.perf_counter() - t0:.1f} s")
+    spark = get_spark("cdc-benchmark-throughput", conf=conf or None)
+    say(f"spark started in {time.perf_counter() - t0:.1f} s" + (f" with {conf}" if conf else ""))
     t0 = time.perf_counter()
     warm_lines = spark.read.option("recursiveFileLookup", "true").text(str(w.landing)).count()
     say(f"warm-up scan: {warm_lines:,} lines in {time.perf_counter() - t0:.1f} s (page cache, JIT)")

@@ -18,7 +18,8 @@ Debezium's integer, in ms, µs or ns by the column's precision).
 
 Where the work runs. Neither side is held by the driver: it streams the source's rows from the
 database cursor in chunks (`source_connection.read_table_chunks`) into a scratch folder of the lake
-(`_scratch/`, Parquet, removed afterwards), each row with the text of its key as both sides agree on it
+(`_scratch/`, Parquet, removed afterwards; a table of one chunk goes straight from the driver, without
+the round trip), each row with the text of its key as both sides agree on it
 (`key_of`); the executors add the same text to the lake's rows, both sides are cogrouped into buckets
 by a hash of it, and each bucket runs `compare`, the per-key rules above. The driver collects the
 buckets' counts and, when at most `MAX_RECHECK` keys differ, those keys (else a sample of them).
@@ -320,15 +321,18 @@ def compare_in_spark(spark: SparkSession, lake_dir: LakePath, table: TableConfig
     location = lake_spark.location(scratch)
     source_schema = pa.schema([pa.field(KEY, pa.string()), pa.field(ROW, pa.binary())])
     wrote = False
+    held: list[pa.Table] = []  # the first chunk, written out only when a second one comes (a small table never is)
 
     def sink(columns: tuple[str, ...], chunk: list[tuple[Any, ...]]) -> None:
         nonlocal wrote
         _require_key(table, columns)
         at = [columns.index(k) for k in table.key]
-        rows = pa.table({KEY: [key_text(tuple(canonical(row[i]) for i in at)) for row in chunk],
-                         ROW: [pickle.dumps(_portable(row, at), protocol=pickle.HIGHEST_PROTOCOL) for row in chunk]}, schema=source_schema)
-        lake_spark.from_arrow(spark, rows, source_schema).write.mode("append").parquet(location)
-        wrote = True
+        held.append(pa.table({KEY: [key_text(tuple(canonical(row[i]) for i in at)) for row in chunk],
+                              ROW: [pickle.dumps(_portable(row, at), protocol=pickle.HIGHEST_PROTOCOL) for row in chunk]}, schema=source_schema))
+        if wrote or len(held) > 1:
+            while held:
+                lake_spark.from_arrow(spark, held.pop(0), source_schema).write.mode("append").parquet(location)
+            wrote = True
 
     with spark_jobs.labelled("check", f"source coverage of {table.name}"):
         try:
@@ -337,7 +341,8 @@ def compare_in_spark(spark: SparkSession, lake_dir: LakePath, table: TableConfig
                 _require_key(table, scan.columns)  # also when the table is empty: a wrong key is a config error either way
             stored = lake_frame(spark, lake_dir, table)
             lake_columns = tuple(c for c in stored.columns if c not in ("_position", "_deleted")) if stored is not None else ()
-            source = spark.read.parquet(location) if wrote else lake_spark.from_arrow(spark, source_schema.empty_table(), source_schema)
+            source = (spark.read.parquet(location) if wrote
+                      else lake_spark.from_arrow(spark, held[0] if held else source_schema.empty_table(), source_schema))
             keyed = (_keyed_lake(stored, table) if stored is not None
                      else spark.createDataFrame([], f"{KEY} string, _position string, _deleted boolean"))
             buckets = max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(scan.rows / BUCKET_ROWS))

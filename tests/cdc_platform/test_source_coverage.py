@@ -137,8 +137,12 @@ def test_the_check_gives_each_key_the_verdict_compare_gives_it_across_buckets(
     stored = lake((1, "a", "0010", False), (2, "B", "0020", False), (3, None, "0030", True), (4, "x", "0060", False),
                   (5, "e", "0040", False), (7, "g", "0070", False), (8, None, "0045", True))
     monkeypatch.setattr(source_coverage, "BUCKET_ROWS", 1)
+    removed: list[str] = []
+    remove = source_coverage._remove
+    monkeypatch.setattr(source_coverage, "_remove", lambda spark_, location: (removed.append(location), remove(spark_, location)))
     FakeSide(monkeypatch, spark, [read, SourceRead("0080", ("id", "name"), [(2, "b"), (3, "c"), (6, "f")])], [stored, stored])
     out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: None)
+    assert len(removed) == 2, "both reads came in more than one chunk: through the scratch folder"
     whole = compare(read, stored, TABLE)
     assert not out.passed
     assert {k: out.metadata[k] for k in whole.counts} == {**whole.counts, "matched": 1, "changed_after_read": 2}
@@ -163,6 +167,7 @@ def test_a_stream_that_is_only_behind_passes_on_the_recheck(monkeypatch: pytest.
 def test_a_lost_row_fails_naming_its_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spark: Any) -> None:
     FakeSide(monkeypatch, spark, [SourceRead("0050", ("id", "name"), [(1, "a"), (2, "b")]), SourceRead("0051", ("id", "name"), [(2, "b")])],
              [lake((1, "a", "0010", False)), lake((1, "a", "0010", False))])
+    monkeypatch.setattr(source_coverage, "_remove", lambda spark_, location: pytest.fail("one chunk needs no scratch folder"))
     out = source_coverage.source_coverage(spark, tmp_path, TABLE, CONN, sleep=lambda s: None)
     assert not out.passed
     assert out.metadata["live_mismatched_keys"] == {"missing_in_lake": ['{"id": 2}']}
