@@ -228,11 +228,12 @@ def new_dead_letters(lake_dir: LakePath, *, advance: bool = True) -> CheckOutcom
     """
     path = lake.table_path(lake_dir, "dead_letter")
     stats = table_stats(path)
-    seen = int(_read_state(lake_dir, "dead_letter").get("rows", 0))
+    state = _read_state(lake_dir, "dead_letter")
+    seen = int(state.get("rows", 0))
     new = max(stats.rows - seen, 0)
     meta: dict[str, Any] = {"new_dead_letters": new, "total_dead_letters": stats.rows, "delta_version": stats.version}
     if new:
-        reasons = _recent_reasons(path, new)
+        reasons = _recent_reasons(path, new, state.get("version"))
         meta["new_by_reason"] = reasons
         description = f"{new} new dead-letter row(s) since the last check: " + ", ".join(f"{k} ×{v}" for k, v in reasons.items())
     else:
@@ -242,10 +243,23 @@ def new_dead_letters(lake_dir: LakePath, *, advance: bool = True) -> CheckOutcom
     return CheckOutcome(new == 0, Severity.WARN, description, meta)
 
 
-def _recent_reasons(path: Path, newest: int) -> dict[str, int]:
-    table = lake.open_table(path).to_pyarrow_table(columns=["reason_code", "dead_lettered_at"])
-    table = table.sort_by([("dead_lettered_at", "descending")]).slice(0, newest)
-    counts = table.group_by("reason_code").aggregate([("reason_code", "count")])
+def _recent_reasons(path: Path, newest: int, seen_version: int | None) -> dict[str, int]:
+    """The reasons of the `newest` dead letters: from the files added since the version last seen when the table
+    only grew since (`files_added_since`: the check reads what is new, not the whole table every time), else
+    from the whole table, newest first."""
+    table = lake.open_table(path)
+    added = files_added_since(path, table, int(seen_version)) if seen_version is not None else None
+    if added is not None:
+        fragments = [f for f in table.to_pyarrow_dataset().get_fragments() if f.path in added]
+        rows = pa.concat_tables([f.to_table(columns=["reason_code"]) for f in fragments]) if fragments else None
+        if rows is not None and rows.num_rows == newest:
+            return _reason_counts(rows)
+    rows = table.to_pyarrow_table(columns=["reason_code", "dead_lettered_at"])
+    return _reason_counts(rows.sort_by([("dead_lettered_at", "descending")]).slice(0, newest))
+
+
+def _reason_counts(rows: pa.Table) -> dict[str, int]:
+    counts = rows.group_by("reason_code").aggregate([("reason_code", "count")])
     return {r["reason_code"]: int(r["reason_code_count"]) for r in counts.to_pylist()}
 
 
@@ -275,11 +289,14 @@ def batches_since(lake_dir: LakePath, after: dt.datetime | None, limit: int = 10
                "duplicates_skipped", "lag_seconds", "newest_source_ts", "newest_heartbeat_ts"]
     metrics = lake.open_table(path)
     present = set(metrics.schema().to_arrow().names)  # a lake from before a column has rows without it
-    table = metrics.to_pyarrow_table(columns=[c for c in columns if c in present])
+    wanted = [c for c in columns if c in present]
     if after is not None:
-        table = table.filter(pc.greater(table.column("finished_at"), pa.scalar(after, table.schema.field("finished_at").type)))
-        table = table.sort_by([("finished_at", "ascending")]).slice(0, limit)
+        # Filtered as it is read: the files' and row groups' statistics leave out the old batches without reading them.
+        dataset = metrics.to_pyarrow_dataset()
+        newer = pc.field("finished_at") > pa.scalar(after, dataset.schema.field("finished_at").type)
+        table = dataset.to_table(columns=wanted, filter=newer).sort_by([("finished_at", "ascending")]).slice(0, limit)
     else:
+        table = metrics.to_pyarrow_table(columns=wanted)
         table = table.sort_by([("finished_at", "descending")]).slice(0, limit).sort_by([("finished_at", "ascending")])
     rows = table.to_pylist()
     for row in rows:
@@ -328,19 +345,8 @@ def raw_census(lake_dir: LakePath, since: TableCensus | None = None) -> TableCen
     if not lake.exists(path):
         return None
     table = lake.open_table(path)
-    version = table.version()
-    counts: dict[str, int] | None = None
-    new_files: set[str] | None = None
-    if since is not None and since.version <= version:
-        try:
-            before = _data_files(lake.open_snapshot(path, since.version))
-        except Exception:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load (log cleaned up)
-            before = None
-        now = _data_files(table)
-        if before is not None and before <= now:
-            counts, new_files = dict(since.counts), now - before
-    afresh = counts is None
-    counts = counts if counts is not None else {}
+    new_files = files_added_since(path, table, since.version) if since is not None else None
+    counts = dict(since.counts) if since is not None and new_files is not None else {}
     read = 0
     for fragment in table.to_pyarrow_dataset().get_fragments():
         if new_files is not None and fragment.path not in new_files:
@@ -350,11 +356,26 @@ def raw_census(lake_dir: LakePath, since: TableCensus | None = None) -> TableCen
             for entry in pc.value_counts(batch.column(0)).to_pylist():
                 if entry["values"] is not None:
                     counts[entry["values"]] = counts.get(entry["values"], 0) + int(entry["counts"])
-    return TableCensus(version, counts, files_read=read, afresh=afresh)
+    return TableCensus(table.version(), counts, files_read=read, afresh=new_files is None)
+
+
+def files_added_since(path: LakePath, table: DeltaTable, version: int) -> set[str] | None:
+    """The data files of `table` (at its version) that came after `version`, when every file of that version
+    is still there, so those files hold exactly the rows added since (an append-only table: the raw log,
+    dead letters); None when that cannot be said: files were rewritten (OPTIMIZE) or removed, `version` is
+    newer than the table (a lake made anew), or its log is gone (cleaned up). Paths are relative to the
+    table, as its pyarrow dataset's fragments name them."""
+    if version > table.version():
+        return None
+    try:
+        before = _data_files(lake.open_snapshot(path, version))
+    except Exception:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load (log cleaned up)
+        return None
+    now = _data_files(table)
+    return now - before if before <= now else None
 
 
 def _data_files(table: DeltaTable) -> set[str]:
-    """The table's data files at its version, as paths relative to the table (as its dataset's fragments name them)."""
     return set(_add_actions(table).column("path").to_pylist())
 
 

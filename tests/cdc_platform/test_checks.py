@@ -139,7 +139,12 @@ def test_freshness_of_an_empty_lake_is_unknown(make_config) -> None:
     assert not outcome.passed and "empty" in outcome.description
 
 
-def test_new_dead_letters_warn_once(small_lake, land, run_pipeline) -> None:
+def test_new_dead_letters_warn_once(spark, small_lake, land, run_pipeline, monkeypatch) -> None:
+    from cdc_platform import lake, lake_spark
+
+    added: list[set[str] | None] = []
+    files_added_since = checks.files_added_since
+    monkeypatch.setattr(checks, "files_added_since", lambda *a: added.append(files_added_since(*a)) or added[-1])
     first = checks.new_dead_letters(small_lake.lake)
     assert not first.passed and first.severity is checks.Severity.WARN
     assert first.metadata["new_dead_letters"] == 1 and first.metadata["new_by_reason"] == {"not_json": 1}
@@ -148,6 +153,13 @@ def test_new_dead_letters_warn_once(small_lake, land, run_pipeline) -> None:
     run_pipeline(small_lake)
     third = checks.new_dead_letters(small_lake.lake)
     assert third.metadata["new_dead_letters"] == 2 and third.metadata["new_by_reason"] == {"not_object": 2}
+    assert len(added) == 1 and added[0], "the reasons came from the files added since the version last seen"
+    land(None, ["not json"])
+    run_pipeline(small_lake)
+    lake_spark.optimize(spark, lake.table_path(small_lake.lake, "dead_letter"))  # files rewritten: read whole, newest first
+    fourth = checks.new_dead_letters(small_lake.lake)
+    assert fourth.metadata["new_dead_letters"] == 1 and fourth.metadata["new_by_reason"] == {"not_json": 1}
+    assert added[-1] is None
 
 
 def test_suite_templates_expand_key_columns(tmp_path: Path) -> None:
@@ -322,6 +334,30 @@ def test_a_lake_from_before_heartbeat_times_reads_without_them(tmp_path: Path) -
     [batch] = checks.batches_since(tmp_path, None)
     assert batch["batch_id"] == 0 and "newest_heartbeat_ts" not in batch
     assert checks.newest_heartbeat(tmp_path) is None
+
+
+def test_the_stream_sensor_reads_the_batches_after_its_cursor_in_order(tmp_path: Path) -> None:
+    """Its cursor is the newest batch's end: the batches after it come oldest first, at most `limit` of them,
+    whichever files they are in (read with a filter, so old files are left out by their statistics)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from cdc_platform import schemas
+
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+    def batch(n: int) -> dict[str, object]:
+        return {"query_id": "q", "batch_id": n, "started_at": at + dt.timedelta(minutes=n), "finished_at": at + dt.timedelta(minutes=n, seconds=2),
+                "rows_read": 4, "change_events": 4, "newest_source_ts": at}
+
+    for first in (0, 3, 6):  # three commits, three files
+        write_deltalake(str(tmp_path / "pipeline_metrics"), pa.Table.from_pylist([batch(n) for n in (first + 2, first, first + 1)],
+                                                                                 schema=schemas.PIPELINE_METRICS), mode="append")
+    assert [b["batch_id"] for b in checks.batches_since(tmp_path, None, limit=4)] == [5, 6, 7, 8]
+    cursor = batch(4)["finished_at"]
+    assert [b["batch_id"] for b in checks.batches_since(tmp_path, cursor)] == [5, 6, 7, 8]  # type: ignore[arg-type]
+    assert [b["batch_id"] for b in checks.batches_since(tmp_path, cursor, limit=2)] == [5, 6]  # type: ignore[arg-type]
+    assert checks.batches_since(tmp_path, batch(8)["finished_at"]) == []  # type: ignore[arg-type]
 
 
 def _passing(name: str) -> checks.CheckOutcome:
