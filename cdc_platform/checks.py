@@ -345,12 +345,15 @@ def raw_census(lake_dir: LakePath, since: TableCensus | None = None) -> TableCen
     if not lake.exists(path):
         return None
     table = lake.open_table(path)
+    fragments = table.to_pyarrow_dataset().get_fragments()
     new_files = files_added_since(path, table, since.version) if since is not None else None
+    if new_files is not None:
+        fragments = [f for f in fragments if f.path in new_files]
+        if len(fragments) != len(new_files):  # the dataset names its files otherwise (a store's URL form, say): count afresh
+            fragments, new_files = table.to_pyarrow_dataset().get_fragments(), None
     counts = dict(since.counts) if since is not None and new_files is not None else {}
     read = 0
-    for fragment in table.to_pyarrow_dataset().get_fragments():
-        if new_files is not None and fragment.path not in new_files:
-            continue
+    for fragment in fragments:
         read += 1
         for batch in fragment.to_batches(columns=["table_id"]):
             for entry in pc.value_counts(batch.column(0)).to_pylist():
@@ -379,14 +382,9 @@ def _data_files(table: DeltaTable) -> set[str]:
     return set(_add_actions(table).column("path").to_pylist())
 
 
-def unconfigured_tables(lake_dir: LakePath, configured_sources: set[str]) -> dict[str, int]:
+def unconfigured(census: TableCensus | None, configured_sources: set[str]) -> dict[str, int]:
     """Source tables seen in the raw log that have no `tables:` entry, with their event counts."""
-    census = raw_census(lake_dir)
-    return {} if census is None else unconfigured(census, configured_sources)
-
-
-def unconfigured(census: TableCensus, configured_sources: set[str]) -> dict[str, int]:
-    return {table_id: n for table_id, n in census.counts.items() if table_id not in configured_sources}
+    return {} if census is None else {table_id: n for table_id, n in census.counts.items() if table_id not in configured_sources}
 
 
 SAMPLE = 10

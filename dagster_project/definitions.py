@@ -117,7 +117,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         census = checks.raw_census(config.lake, checks.TableCensus.from_cursor(context.cursor))
         if census is not None:
             context.update_cursor(census.to_cursor())
-        found = {} if census is None else checks.unconfigured(census, {t.source for t in config.tables})
+        found = checks.unconfigured(census, {t.source for t in config.tables})
         if not found:
             return SkipReason("every source table in the raw log is configured")
         listing = ", ".join(f"{name} ({n:,} events)" for name, n in sorted(found.items()))

@@ -192,17 +192,17 @@ def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake_
 
 
 def test_unconfigured_tables_are_reported(small_lake, land, run_pipeline) -> None:
-    assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {}
+    assert checks.unconfigured(checks.raw_census(small_lake.lake), {"payments.customers"}) == {}
     event = {"before": None, "after": {"id": 9}, "op": "c", "ts_ms": 1, "transaction": None,
              "source": {"connector": "mysql", "db": "payments", "table": "audits", "ts_ms": 1, "file": "b.000001", "pos": 9}}
     land(None, [json.dumps(event)])
     run_pipeline(small_lake)
-    assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {"payments.audits": 1}
+    assert checks.unconfigured(checks.raw_census(small_lake.lake), {"payments.customers"}) == {"payments.audits": 1}
     # counted batch by batch over the log's files: a second run's file adds to the same table's count
     land(None, [json.dumps(event | {"after": {"id": i}, "source": event["source"] | {"pos": 9 + i}}) for i in (10, 11)])
     run_pipeline(small_lake)
-    assert checks.unconfigured_tables(small_lake.lake, {"payments.customers"}) == {"payments.audits": 3}
-    assert checks.unconfigured_tables(small_lake.lake, set())["payments.audits"] == 3
+    assert checks.unconfigured(checks.raw_census(small_lake.lake), {"payments.customers"}) == {"payments.audits": 3}
+    assert checks.unconfigured(checks.raw_census(small_lake.lake), set())["payments.audits"] == 3
 
 
 def test_the_census_of_the_raw_log_counts_on_from_the_last_one(spark, small_lake, land, run_pipeline) -> None:
@@ -236,6 +236,17 @@ def test_the_census_of_the_raw_log_counts_on_from_the_last_one(spark, small_lake
     assert rewritten is not None and rewritten.afresh and rewritten.counts == whole.counts
     ahead = checks.raw_census(small_lake.lake, checks.TableCensus(rewritten.version + 5, {"payments.audits": 99}, afresh=False))
     assert ahead is not None and ahead.afresh and ahead.counts == whole.counts  # a cursor of a lake since made anew
+
+
+def test_a_census_that_cannot_find_the_new_files_counts_afresh(spark, small_lake, run_pipeline, monkeypatch) -> None:
+    """Should the table's dataset name its files otherwise than its log (an object store's URL form, say),
+    counting on would silently miss events: the census counts the whole log instead."""
+    run_pipeline(small_lake)
+    first = checks.raw_census(small_lake.lake)
+    assert first is not None and first.counts
+    monkeypatch.setattr(checks, "files_added_since", lambda *a: {"s3a://elsewhere/part-0.parquet"})
+    again = checks.raw_census(small_lake.lake, checks.TableCensus(first.version, {"payments.customers": 10**6}, afresh=False))
+    assert again is not None and again.afresh and again.counts == first.counts
 
 
 def test_coverage_passes_on_peer_data_and_names_a_removed_row(spark, make_config, land, run_pipeline, peer_files) -> None:
