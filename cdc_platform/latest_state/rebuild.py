@@ -22,6 +22,7 @@ from cdc_platform.latest_state.apply import _dead_rows
 from cdc_platform.latest_state.layout import BASE, LAYER
 from cdc_platform.latest_state.rows import Events, build_rows, change_rows, fill_keys, last_per_key, type_rows
 from cdc_platform.latest_state.writing import accept_names, ensure_tables
+from cdc_platform.parse_spark import with_lines
 from cdc_platform.stage import RAW, dead_letter_rows
 
 
@@ -92,9 +93,10 @@ def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] 
     lake_spark.ensure_table(spark, raw_path, lake_spark.spark_schema(schemas.RAW_CHANGE_EVENTS), schemas.RAW_PARTITION_BY)
     from pyspark.sql import functions as F
 
-    frame = lake_spark.read(spark, raw_path).where(F.col("table_id") == table.source).select(*schemas.RAW_CHANGE_EVENTS.names)
-    raw = frame.toArrow()
-    raw = pa.Table.from_arrays([raw.column(f.name).cast(f.type) for f in schemas.RAW_CHANGE_EVENTS], schema=schemas.RAW_CHANGE_EVENTS)
+    frame = lake_spark.read(spark, raw_path).where(F.col("table_id") == table.source)
+    # Without the original lines (the widest column: the whole envelope again): the fold never reads them, and
+    # the few events it dead-letters get theirs back below (`with_lines`), as the stream's stage does.
+    raw = schemas.conform(frame.select(*[c for c in schemas.RAW_CHANGE_EVENTS.names if c != "line"]).toArrow(), schemas.RAW_CHANGE_EVENTS)
     # First-arrival order (the raw log keeps each event's first copy), so ties at one position fold as the stream did.
     raw = raw.sort_by([("ingested_at", "ascending"), ("kafka_topic", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
     events = Events(fill_keys(raw, table.key))  # events that landed before the table was configured have no key yet
@@ -124,7 +126,7 @@ def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] 
         _overwrite(spark, hpath, hist, None, what=f"rebuild {table.history_name}")
         report.history_rows = hist.num_rows
     if typed.dead:
-        dead = dead_letter_rows(_dead_rows(events, typed.dead), stage="rebuild", batch_id=None)
+        dead = with_lines(dead_letter_rows(_dead_rows(events, typed.dead), stage="rebuild", batch_id=None), frame)
         dl = lake.table_path(config.lake, "dead_letter")
         lake_spark.ensure_table(spark, dl, lake_spark.spark_schema(schemas.DEAD_LETTER))
         lake_spark.from_arrow(spark, dead, schemas.DEAD_LETTER).write.format("delta").mode("append").save(lake_spark.location(dl))

@@ -284,6 +284,20 @@ def test_incompatible_type_change_is_dead_lettered_then_rebuilt_from_the_raw_log
     assert state(query, cfg, cols="id, code") == [{"id": 1, "code": "A7"}, {"id": 2, "code": "B8"}]
 
 
+def test_an_event_the_rebuild_cannot_type_is_a_dead_letter_with_its_original_line(make_config, query, tmp_path) -> None:
+    """The rebuild reads the raw log without its original lines (the widest column); the events it dead-letters
+    get theirs back, so nothing of them is lost."""
+    cfg = make_config({ORDERS: {"key": ["id"]}})
+    feed = Feed(cfg)
+    old = c(1, 100, code="A7")
+    feed([old])
+    feed([c(2, 200, code=8)])  # the newest type of `code` is now an integer, which "A7" is not
+    assert main(["rebuild", "--config", str(tmp_path / "cdc.yaml"), "--table", "orders"]) == 0
+    dead = query(cfg, "SELECT stage, line, event_id FROM dead_letter WHERE stage = 'rebuild'")
+    assert [(r["stage"], r["line"]) for r in dead] == [("rebuild", old)] and dead[0]["event_id"]
+    assert state(query, cfg, cols="id, code") == [{"id": 2, "code": 8}]
+
+
 def test_schema_wrapper_gives_exact_types(make_config, query) -> None:
     cfg = make_config({ORDERS: {"key": ["id"]}})
     fields = [
