@@ -104,6 +104,22 @@ def _generate(root: Path, transactions: int, seed: int, events_per_file: int) ->
     (root / "workload.json").write_text(json.dumps(facts, indent=2), encoding="utf-8")
 
 
+def built_lake(spark: Any, config: Any, root: Path, w: Workload) -> None:
+    """Build `config`'s lake from the workload once (`cdc run`), under `root`, and keep it for later runs:
+    a stamp file names the workload it was built from, so another workload builds it anew."""
+    stamp = root / f"lake-{w.root.name}.done"
+    if stamp.is_file():
+        return
+    from cdc_platform.ingest import IngestJob
+
+    shutil.rmtree(root, ignore_errors=True)
+    banner(f"building the lake: {w.change_events:,} change events")
+    t0 = time.perf_counter()
+    IngestJob(config).run_available_now(spark)
+    root.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(f"{time.perf_counter() - t0:.1f} s\n", encoding="utf-8")
+
+
 def fresh_dir(path: Path) -> Path:
     if path.exists():
         shutil.rmtree(path)

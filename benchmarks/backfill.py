@@ -20,7 +20,7 @@ import shutil
 import statistics
 import time
 
-from _common import OUT, CpuByRole, MemorySampler, banner, cpu_line, exit_now, say, transactions_for, workload
+from _common import OUT, CpuByRole, MemorySampler, banner, built_lake, cpu_line, exit_now, say, transactions_for, workload
 
 
 def main() -> None:
@@ -35,21 +35,13 @@ def main() -> None:
 
     from cdc_platform import backfill, lake, lake_spark
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.ingest import IngestJob
     from cdc_platform.session import get_spark
 
     w = workload(transactions_for(args.events), args.seed)
     root = OUT / "backfill"
-    stamp = root / f"lake-{w.root.name}.done"
     spark = get_spark("cdc-bench-backfill")
     config = with_overrides(load_config(w.config_path), lake=root / "lake", snapshots=root / "snapshots")
-    if not stamp.is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        banner(f"building the lake: {w.change_events:,} change events")
-        t0 = time.perf_counter()
-        IngestJob(config).run_available_now(spark)
-        root.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"{time.perf_counter() - t0:.1f} s\n", encoding="utf-8")
+    built_lake(spark, config, root, w)
 
     table = config.table("customers")
     raw = lake_spark.read(spark, lake.table_path(config.lake, "raw_change_events")).where(F.col("table_id") == table.source)

@@ -16,7 +16,6 @@ before a change), so before and after come from one harness:
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ def main() -> None:
     parser.add_argument("--table", default="customers", help="the latest-state table to rebuild (default customers)")
     parser.add_argument("--package-root", type=Path, default=None, help="import cdc_platform from this checkout instead")
     args = parser.parse_args()
-    from _common import OUT, MemorySampler, banner, exit_now, load_average, memory_line, say, transactions_for, workload  # this checkout first
+    from _common import OUT, MemorySampler, banner, built_lake, exit_now, load_average, memory_line, say, transactions_for, workload  # this checkout first
 
     if args.package_root is not None:
         sys.path.insert(0, str(args.package_root.resolve()))
@@ -39,22 +38,14 @@ def main() -> None:
     import cdc_platform
     from cdc_platform import lake, lake_spark
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.ingest import IngestJob
     from cdc_platform.latest_state import rebuild_table
     from cdc_platform.session import get_spark
 
     w = workload(transactions_for(args.events), args.seed)
     root = OUT / "rebuild"
-    stamp = root / f"lake-{w.root.name}.done"
     spark = get_spark("cdc-bench-rebuild")
     config = with_overrides(load_config(w.config_path), lake=root / "lake")
-    if not stamp.is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        banner(f"building the lake: {w.change_events:,} change events")
-        t0 = time.perf_counter()
-        IngestJob(config).run_available_now(spark)
-        root.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"{time.perf_counter() - t0:.1f} s\n", encoding="utf-8")
+    built_lake(spark, config, root, w)
 
     table = config.table(args.table)
     history = lake_spark.read(spark, lake.table_path(config.lake, "raw_change_events")).where(F.col("table_id") == table.source).count()
