@@ -254,8 +254,7 @@ def _recent_reasons(path: Path, newest: int, seen_version: int | None) -> dict[s
         rows = pa.concat_tables([f.to_table(columns=["reason_code"]) for f in fragments]) if fragments else None
         if rows is not None and rows.num_rows == newest:
             return _reason_counts(rows)
-    rows = table.to_pyarrow_table(columns=["reason_code", "dead_lettered_at"])
-    return _reason_counts(rows.sort_by([("dead_lettered_at", "descending")]).slice(0, newest))
+    return _reason_counts(_newest_rows(table, "dead_lettered_at", newest, ["reason_code", "dead_lettered_at"]))
 
 
 def _reason_counts(rows: pa.Table) -> dict[str, int]:
@@ -271,8 +270,37 @@ def newest_dead_letters(lake_dir: LakePath, n: int = 5) -> list[dict[str, Any]]:
     path = lake.table_path(lake_dir, "dead_letter")
     if not path.is_dir():
         return []
-    table = lake.open_table(path).to_pyarrow_table(columns=list(DEAD_LETTER_SAMPLE_COLUMNS))
-    return table.sort_by([("dead_lettered_at", "descending")]).slice(0, n).to_pylist()
+    return _newest_rows(lake.open_table(path), "dead_lettered_at", n, list(DEAD_LETTER_SAMPLE_COLUMNS)).to_pylist()
+
+
+def _newest_rows(table: DeltaTable, column: str, n: int, columns: list[str]) -> pa.Table:
+    """The `n` rows with the largest `column`, largest first, read with a filter the files' statistics prune
+    (`newest_floor`): they cost the newest files, not the whole table."""
+    dataset = table.to_pyarrow_dataset()
+    floor = newest_floor(_add_actions(table), column, n)
+    newer = None if floor is None else pc.field(column) >= pa.scalar(floor, dataset.schema.field(column).type)
+    return dataset.to_table(columns=columns, filter=newer).sort_by([(column, "descending")]).slice(0, n)
+
+
+def newest_floor(actions: pa.Table, column: str, n: int) -> Any:
+    """A value at or below the `n`-th largest of `column`, from the files' statistics (`get_add_actions`), so a
+    filter `column >= it` keeps the `n` largest rows and lets every file whose maximum is below it be skipped;
+    None when the statistics cannot say (none kept, or fewer than `n` rows with them).
+
+    The files with the largest maxima are taken until they hold `n` values; every value in them is at or above
+    the smallest of their minima, so at least `n` rows are, and the `n` largest rows are among those.
+    """
+    lo, hi, nulls = f"min.{column}", f"max.{column}", f"null_count.{column}"
+    if not {lo, hi, nulls} <= set(actions.column_names):
+        return None
+    files = [r for r in actions.select(["num_records", nulls, lo, hi]).to_pylist() if r[lo] is not None and r[hi] is not None]
+    floor, held = None, 0
+    for r in sorted(files, key=lambda r: r[hi], reverse=True):
+        floor = r[lo] if floor is None else min(floor, r[lo])
+        held += (r["num_records"] or 0) - (r[nulls] or 0)
+        if held >= n:
+            return floor
+    return None
 
 
 def batches_since(lake_dir: LakePath, after: dt.datetime | None, limit: int = 100) -> list[dict[str, Any]]:

@@ -427,3 +427,34 @@ def test_gx_validations_side_by_side_each_judge_their_own_frame(spark) -> None:
     with ThreadPoolExecutor(4) as pool:
         passed = list(pool.map(lambda df: quality.validate(df, suite).passed, frames))
     assert passed == [bool(i % 2) for i in range(8)]
+
+
+def test_the_newest_dead_letters_are_read_from_the_newest_files(tmp_path: Path) -> None:
+    """The dead-letter sample and the fallback of the reasons read the newest files only, by their statistics,
+    and still find exactly the newest rows, whichever files they are in and in whatever order they were written."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable, write_deltalake
+
+    from cdc_platform import schemas
+
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    path = tmp_path / "dead_letter"
+
+    def rows(*minutes: int) -> pa.Table:
+        return pa.Table.from_pylist([{"reason_code": f"r{m}", "reason": "x", "stage": "ingest", "dead_lettered_at": at + dt.timedelta(minutes=m)}
+                                     for m in minutes], schema=schemas.DEAD_LETTER)
+
+    for minutes in ((1, 2, 3), (30, 4, 5), (6, 7, 8), (9, 40, 10), (11, 12, 13)):  # the newest two are in older files
+        write_deltalake(str(path), rows(*minutes), mode="append")
+    newest = checks.newest_dead_letters(tmp_path, n=3)
+    assert [r["reason_code"] for r in newest] == ["r40", "r30", "r13"]
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
+    floor = checks.newest_floor(actions, "dead_lettered_at", 3)
+    assert floor is not None and floor <= at + dt.timedelta(minutes=13)
+    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    kept = list(dataset.get_fragments(filter=pc.field("dead_lettered_at") >= pa.scalar(floor, dataset.schema.field("dead_lettered_at").type)))
+    assert len(kept) < 5, "files whose newest row is older than the floor are left out"
+    assert checks.newest_floor(actions, "dead_lettered_at", 16) is None  # fewer rows than asked for: read everything
+    assert checks.newest_floor(actions, "no_such_column", 1) is None
+    assert len(checks.newest_dead_letters(tmp_path, n=20)) == 15
