@@ -124,6 +124,15 @@ def ensure_tables(spark: SparkSession, tables: Sequence[tuple[LakePath | str, St
     side_by_side([lambda t=t: ensure_table(spark, *t) for t in tables], name="cdc-create")
 
 
+def hadoop_file(spark: SparkSession, where: str) -> tuple[Any, Any]:
+    """Hadoop's file system and path for a location as Spark takes it (`location`): a local folder or an object
+    store, with the session's settings for its bucket."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(where)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
 def _clear_uncommitted_log(spark: SparkSession, path: LakePath | str) -> bool:
     """Delete the table's `_delta_log` if it holds no commit at all (only folders and hidden temp files).
 
@@ -131,10 +140,7 @@ def _clear_uncommitted_log(spark: SparkSession, path: LakePath | str) -> bool:
     `_last_checkpoint`) means a table was there: that is left alone and the caller's error stands.
     Goes through Hadoop's file system, so a lake on an object store is treated the same.
     """
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    log = jvm.org.apache.hadoop.fs.Path(location(path).rstrip("/") + "/_delta_log")
-    fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs, log = hadoop_file(spark, location(path).rstrip("/") + "/_delta_log")
     if not fs.exists(log):
         return False
     files = fs.listFiles(log, True)
@@ -469,10 +475,7 @@ def commit_actions(spark: SparkSession, path: LakePath | str, at_version: int) -
     (cleaned up after the log retention, or a log store that keeps commits elsewhere)."""
     import json
 
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    log_file = jvm.org.apache.hadoop.fs.Path(f"{location(path).rstrip('/')}/_delta_log/{int(at_version):020d}.json")
-    fs = log_file.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs, log_file = hadoop_file(spark, f"{location(path).rstrip('/')}/_delta_log/{int(at_version):020d}.json")
     if not fs.exists(log_file):
         return None
     stream = fs.open(log_file)

@@ -238,7 +238,6 @@ def _read_postgres(c: Any, name: str, where: str, params: list[Any], sink: Sink,
     # The first statement of the REPEATABLE READ transaction takes its snapshot, and reads the LSN with it.
     (lsn,) = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     with c.cursor(name="cdc_coverage") as cur:  # server-side: rows stream in batches, not all at once
-        cur.itersize = min(10_000, chunk_rows)
         cur.execute(f"SELECT * FROM {name}{where}", params)
         columns = tuple(d.name for d in cur.description or ())
         n = _stream(cur, columns, sink, chunk_rows)

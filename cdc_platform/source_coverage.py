@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cdc_platform import lake, lake_spark, spark_jobs
+from cdc_platform import lake, lake_spark
 from cdc_platform.checks import SAMPLE, CheckOutcome, Severity
 from cdc_platform.config import TableConfig
 from cdc_platform.errors import ConfigError
@@ -334,56 +334,55 @@ def compare_in_spark(spark: SparkSession, lake_dir: LakePath, table: TableConfig
                 lake_spark.from_arrow(spark, held.pop(0), source_schema).write.mode("append").parquet(location)
             wrote = True
 
-    with spark_jobs.labelled("check", f"source coverage of {table.name}"):
+    try:
+        scan = read_table_chunks(connection, table.source, sink, table.key, key_values)
+        if scan.columns:
+            _require_key(table, scan.columns)  # also when the table is empty: a wrong key is a config error either way
+        stored = lake_frame(spark, lake_dir, table)
+        lake_columns = tuple(c for c in stored.columns if c not in ("_position", "_deleted")) if stored is not None else ()
+        source = (spark.read.parquet(location) if wrote
+                  else lake_spark.from_arrow(spark, held[0] if held else source_schema.empty_table(), source_schema))
+        keyed = (_keyed_lake(stored, table) if stored is not None
+                 else spark.createDataFrame([], f"{KEY} string, _position string, _deleted boolean"))
+        buckets = max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(scan.rows / BUCKET_ROWS))
+        bucket = F.pmod(F.xxhash64(KEY), F.lit(buckets)).cast("int").alias(BUCKET)
+        run = _bucket_function(table, scan.position, scan.columns, lake_columns, keys)
+        parts = (source.select(bucket, *source.columns).groupBy(BUCKET)
+                 .cogroup(keyed.select(bucket, *keyed.columns).groupBy(BUCKET))
+                 .applyInArrow(run, schema=lake_spark.spark_schema(PARTS))).persist()
         try:
-            scan = read_table_chunks(connection, table.source, sink, table.key, key_values)
-            if scan.columns:
-                _require_key(table, scan.columns)  # also when the table is empty: a wrong key is a config error either way
-            stored = lake_frame(spark, lake_dir, table)
-            lake_columns = tuple(c for c in stored.columns if c not in ("_position", "_deleted")) if stored is not None else ()
-            source = (spark.read.parquet(location) if wrote
-                      else lake_spark.from_arrow(spark, held[0] if held else source_schema.empty_table(), source_schema))
-            keyed = (_keyed_lake(stored, table) if stored is not None
-                     else spark.createDataFrame([], f"{KEY} string, _position string, _deleted boolean"))
-            buckets = max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(scan.rows / BUCKET_ROWS))
-            bucket = F.pmod(F.xxhash64(KEY), F.lit(buckets)).cast("int").alias(BUCKET)
-            run = _bucket_function(table, scan.position, scan.columns, lake_columns, keys)
-            parts = (source.select(bucket, *source.columns).groupBy(BUCKET)
-                     .cogroup(keyed.select(bucket, *keyed.columns).groupBy(BUCKET))
-                     .applyInArrow(run, schema=lake_spark.spark_schema(PARTS))).persist()
-            try:
-                totals = parts.where(F.col("part").isin("count", "column")).groupBy("part", "name").agg(F.sum("n").alias("n")).collect()
-                counts = dict.fromkeys(("matched", "changed_after_read", *KINDS), 0)
-                columns: dict[str, int] = {}
-                lake_rows = 0
-                for r in totals:
-                    if r["part"] == "column":
-                        columns[r["name"]] = int(r["n"])
-                    elif r["name"] == "lake_rows":
-                        lake_rows = int(r["n"])
-                    else:
-                        counts[r["name"]] = int(r["n"])
-                differing_count = sum(counts[k] for k in KINDS)
-                keyed_parts = parts.where(F.col("part") == "key")
-                differing: list[tuple[str, str, tuple[Any, ...]]] | None = None
-                if not differing_count:
-                    found = []
-                elif differing_count <= MAX_RECHECK:
-                    found = keyed_parts.select("name", "shown", "values").collect()
+            totals = parts.where(F.col("part").isin("count", "column")).groupBy("part", "name").agg(F.sum("n").alias("n")).collect()
+            counts = dict.fromkeys(("matched", "changed_after_read", *KINDS), 0)
+            columns: dict[str, int] = {}
+            lake_rows = 0
+            for r in totals:
+                if r["part"] == "column":
+                    columns[r["name"]] = int(r["n"])
+                elif r["name"] == "lake_rows":
+                    lake_rows = int(r["n"])
                 else:
-                    first = F.row_number().over(Window.partitionBy("name").orderBy("shown"))
-                    found = keyed_parts.select("name", "shown", "values").withColumn("_n", first).where(F.col("_n") <= SAMPLE).collect()
-                if differing_count <= MAX_RECHECK:
-                    differing = [(r["name"], r["shown"], pickle.loads(r["values"])) for r in found]
-                samples: dict[str, list[str]] = {}
-                for r in sorted(found, key=lambda r: r["shown"]):
-                    if len(samples.setdefault(r["name"], [])) < SAMPLE:
-                        samples[r["name"]].append(r["shown"])
-            finally:
-                parts.unpersist()
+                    counts[r["name"]] = int(r["n"])
+            differing_count = sum(counts[k] for k in KINDS)
+            keyed_parts = parts.where(F.col("part") == "key")
+            differing: list[tuple[str, str, tuple[Any, ...]]] | None = None
+            if not differing_count:
+                found = []
+            elif differing_count <= MAX_RECHECK:
+                found = keyed_parts.select("name", "shown", "values").collect()
+            else:
+                first = F.row_number().over(Window.partitionBy("name").orderBy("shown"))
+                found = keyed_parts.select("name", "shown", "values").withColumn("_n", first).where(F.col("_n") <= SAMPLE).collect()
+            if differing_count <= MAX_RECHECK:
+                differing = [(r["name"], r["shown"], pickle.loads(r["values"])) for r in found]
+            samples: dict[str, list[str]] = {}
+            for r in sorted(found, key=lambda r: r["shown"]):
+                if len(samples.setdefault(r["name"], [])) < SAMPLE:
+                    samples[r["name"]].append(r["shown"])
         finally:
-            if wrote:
-                _remove(spark, location)
+            parts.unpersist()
+    finally:
+        if wrote:
+            _remove(spark, location)
     return Verdicts(scan.position, scan.columns, lake_columns, scan.rows, lake_rows, counts, dict(sorted(columns.items())),
                     differing, samples)
 
@@ -397,10 +396,8 @@ def _require_key(table: TableConfig, columns: Sequence[str]) -> None:
 
 def _remove(spark: SparkSession, location: str) -> None:
     """Delete a scratch folder (on any file system Spark writes to)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(location)
-    path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(path, True)
+    fs, path = lake_spark.hadoop_file(spark, location)
+    fs.delete(path, True)
 
 
 def source_coverage(spark: SparkSession, lake_dir: LakePath, table: TableConfig, connection: SourceConnection, *,
