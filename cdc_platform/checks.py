@@ -228,12 +228,11 @@ def new_dead_letters(lake_dir: LakePath, *, advance: bool = True) -> CheckOutcom
     """
     path = lake.table_path(lake_dir, "dead_letter")
     stats = table_stats(path)
-    state = _read_state(lake_dir, "dead_letter")
-    seen = int(state.get("rows", 0))
+    seen = int(_read_state(lake_dir, "dead_letter").get("rows", 0))
     new = max(stats.rows - seen, 0)
     meta: dict[str, Any] = {"new_dead_letters": new, "total_dead_letters": stats.rows, "delta_version": stats.version}
     if new:
-        reasons = _recent_reasons(path, new, state.get("version"))
+        reasons = _recent_reasons(path, new)
         meta["new_by_reason"] = reasons
         description = f"{new} new dead-letter row(s) since the last check: " + ", ".join(f"{k} ×{v}" for k, v in reasons.items())
     else:
@@ -243,18 +242,9 @@ def new_dead_letters(lake_dir: LakePath, *, advance: bool = True) -> CheckOutcom
     return CheckOutcome(new == 0, Severity.WARN, description, meta)
 
 
-def _recent_reasons(path: Path, newest: int, seen_version: int | None) -> dict[str, int]:
-    """The reasons of the `newest` dead letters: from the files added since the version last seen when the table
-    only grew since (`files_added_since`: the check reads what is new, not the whole table every time), else
-    from the whole table, newest first."""
-    table = lake.open_table(path)
-    added = files_added_since(path, table, int(seen_version)) if seen_version is not None else None
-    if added is not None:
-        fragments = [f for f in table.to_pyarrow_dataset().get_fragments() if f.path in added]
-        rows = pa.concat_tables([f.to_table(columns=["reason_code"]) for f in fragments]) if fragments else None
-        if rows is not None and rows.num_rows == newest:
-            return _reason_counts(rows)
-    return _reason_counts(_newest_rows(table, "dead_lettered_at", newest, ["reason_code", "dead_lettered_at"]))
+def _recent_reasons(path: Path, newest: int) -> dict[str, int]:
+    """The reasons of the `newest` dead letters, read from the newest files only (`_newest_rows`)."""
+    return _reason_counts(_newest_rows(lake.open_table(path), "dead_lettered_at", newest, ["reason_code", "dead_lettered_at"]))
 
 
 def _reason_counts(rows: pa.Table) -> dict[str, int]:
@@ -373,12 +363,14 @@ def raw_census(lake_dir: LakePath, since: TableCensus | None = None) -> TableCen
     if not lake.exists(path):
         return None
     table = lake.open_table(path)
-    fragments = table.to_pyarrow_dataset().get_fragments()
+    fragments = list(table.to_pyarrow_dataset().get_fragments())
     new_files = files_added_since(path, table, since.version) if since is not None else None
     if new_files is not None:
-        fragments = [f for f in fragments if f.path in new_files]
-        if len(fragments) != len(new_files):  # the dataset names its files otherwise (a store's URL form, say): count afresh
-            fragments, new_files = table.to_pyarrow_dataset().get_fragments(), None
+        added = [f for f in fragments if f.path in new_files]
+        if len(added) == len(new_files):
+            fragments = added
+        else:  # the dataset names its files otherwise than the log (a store's URL form, say): count afresh
+            new_files = None
     counts = dict(since.counts) if since is not None and new_files is not None else {}
     read = 0
     for fragment in fragments:
@@ -392,10 +384,10 @@ def raw_census(lake_dir: LakePath, since: TableCensus | None = None) -> TableCen
 
 def files_added_since(path: LakePath, table: DeltaTable, version: int) -> set[str] | None:
     """The data files of `table` (at its version) that came after `version`, when every file of that version
-    is still there, so those files hold exactly the rows added since (an append-only table: the raw log,
-    dead letters); None when that cannot be said: files were rewritten (OPTIMIZE) or removed, `version` is
-    newer than the table (a lake made anew), or its log is gone (cleaned up). Paths are relative to the
-    table, as its pyarrow dataset's fragments name them."""
+    is still there, so those files hold exactly the rows added since (the raw log only grows); None when that
+    cannot be said: files were rewritten (OPTIMIZE) or removed, `version` is newer than the table (a lake
+    made anew), or its log is gone (cleaned up). Paths are relative to the table, as its pyarrow dataset's
+    fragments name them."""
     if version > table.version():
         return None
     try:
