@@ -352,13 +352,18 @@ def jvm_thread_seconds(cpu: dict[str, float]) -> dict[str, float]:
     return {k.removeprefix("jvm: "): v for k, v in cpu.items() if k.startswith("jvm: ")}
 
 
+def largest_first(seconds: dict[str, float]) -> str:
+    """`name 1.2, other 0.3`: figures by name, the largest first."""
+    return ", ".join(f"{k} {v:,.1f}" for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]))
+
+
 def cpu_line(cpu: dict[str, float], wall: float) -> str:
     roles = cpu_roles(cpu)
     total = sum(roles.values())
-    parts = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(roles.items(), key=lambda kv: -kv[1]))
+    parts = largest_first(roles)
     threads = jvm_thread_seconds(cpu)
     if threads:
-        parts += " (JVM by thread: " + ", ".join(f"{k} {v:,.1f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])) + ")"
+        parts += " (JVM by thread: " + largest_first(threads) + ")"
     return f"CPU seconds: {parts}; total {total:,.1f} = {total / wall:.2f} of {os.cpu_count()} cores over {wall:.1f} s"
 
 

@@ -16,6 +16,7 @@ before a change), so before and after come from one harness:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ def main() -> None:
     parser.add_argument("--table", default="customers", help="the latest-state table to rebuild (default customers)")
     parser.add_argument("--package-root", type=Path, default=None, help="import cdc_platform from this checkout instead")
     args = parser.parse_args()
-    from _common import OUT, MemorySampler, banner, built_lake, exit_now, load_average, memory_line, say, transactions_for, workload  # this checkout first
+    from _common import OUT, MemorySampler, _status_kib, banner, built_lake, exit_now, load_average, memory_line, say, transactions_for, workload  # this checkout first
 
     if args.package_root is not None:
         sys.path.insert(0, str(args.package_root.resolve()))
@@ -51,7 +52,7 @@ def main() -> None:
     history = lake_spark.read(spark, lake.table_path(config.lake, "raw_change_events")).where(F.col("table_id") == table.source).count()
     banner(f"cdc rebuild --table {table.name}")
     say(f"package: {Path(cdc_platform.__file__).parent}; {history:,} raw-log events of {table.source}   [{load_average()}]")
-    base_mib = _rss_mib()
+    base_mib = _status_kib(os.getpid(), "VmRSS") / 1024
     memory = MemorySampler().start()
     t0 = time.perf_counter()
     report = rebuild_table(config, table.name)
@@ -63,11 +64,6 @@ def main() -> None:
     grown = mem["driver_python_peak_mib"] - base_mib
     say(f"driver python: {base_mib:,.0f} MiB before, peak {grown:,.0f} MiB above that = {grown * 2**20 / max(history, 1):,.0f} bytes a raw-log event")
     exit_now(0)
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status", encoding="utf-8") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
 
 
 if __name__ == "__main__":

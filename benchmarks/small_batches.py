@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import OUT, CpuByRole, alternating, banner, cpu_roles, exit_now, fresh_dir, jvm_thread_seconds, say
+from _common import OUT, CpuByRole, alternating, banner, cpu_roles, exit_now, fresh_dir, jvm_thread_seconds, largest_first, say
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -175,8 +175,8 @@ def main() -> None:
             exit_now(out.returncode)
         rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
         for r in rows:
-            cpu = ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu_roles(r["cpu"]).items(), key=lambda kv: -kv[1]))
-            threads = ", ".join(f"{k} {v:.1f}" for k, v in sorted(jvm_thread_seconds(r["cpu"]).items(), key=lambda kv: -kv[1]))
+            cpu = largest_first(cpu_roles(r["cpu"]))
+            threads = largest_first(jvm_thread_seconds(r["cpu"]))
             stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
             say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
                 f"{r['lines']} lines, {r['compiles']:3d} compiles, {r['jobs']} jobs, {r['commits']} commits; CPU s: {cpu}")
@@ -200,7 +200,7 @@ def main() -> None:
             kinds = {k for r in rows for k in jvm_thread_seconds(r["cpu"])}
             if kinds:
                 by_kind = {k: statistics.median(jvm_thread_seconds(r["cpu"]).get(k, 0.0) for r in rows) for k in kinds}
-                say("    JVM CPU s by thread (medians): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+                say("    JVM CPU s by thread (medians): " + largest_first(by_kind))
             if all(r.get("by_label") is not None for r in rows):
                 medians = {k: statistics.median(r["by_label"][k] for r in rows) for k in rows[0]["by_label"]}
                 say(f"    jobs by label (medians): {_label_text(medians, statistics.median(counted) if len(counted) == len(rows) else None)}")
