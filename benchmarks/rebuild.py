@@ -1,7 +1,8 @@
 """`cdc rebuild` of a table with a long history: time and the driver's peak memory.
 
-The rebuild (and onboarding, which runs the same fold inside the stream) reads the table's whole raw-log
-history into the driver and folds it there, so its memory follows the table's past. One lake is built
+The rebuild (and onboarding, which runs the same fold inside the stream) folds the table's whole raw-log
+history; since 2026-11-28 on the executors (before, in the driver, whose memory followed the table's past:
+`--package-root` on an older checkout shows it). One lake is built
 once from a generated workload (`cdc run`, kept under benchmarks/out/rebuild and reused by later runs);
 each measured run rebuilds `--table` in a fresh process of its own (so the peak is this run's), with the
 driver Python's peak (VmHWM), the JVM's, and the raw-log events the table has.

@@ -234,6 +234,19 @@ def stored_lookup(path: Path, key_columns: Sequence[str]) -> StoredLookup:
     return look
 
 
+def strip_placeholders(rows: Sequence[Any], events: Any, placeholder: Placeholder = DEFAULT) -> Marks:
+    """`take_placeholders` over change rows (`latest_state.ChangeRow`, of `events`): their images as typing
+    takes them. A rebuild's first pass (the types) needs only this; `resolve_batch` fills the marks after typing."""
+    befores = events.col("before") if len(events) else []
+
+    def before_of(i: int) -> Any:
+        text = befores[rows[i].event]
+        return None if text is None else _loads(text)
+
+    ops = [r.op if r.key is not None and not r.deleted else "" for r in rows]
+    return take_placeholders(ops, [r.image for r in rows], before_of, placeholder)
+
+
 def resolve_batch(rows: Sequence[Any], events: Any, typed_of: Callable[[], Any], key_columns: Sequence[str],
                   lookup: StoredLookup | None, placeholder: Placeholder = DEFAULT) -> tuple[Any, int, int]:
     """The latest-state stage's entry point: take placeholders out of `rows`' images, type them with
@@ -242,14 +255,7 @@ def resolve_batch(rows: Sequence[Any], events: Any, typed_of: Callable[[], Any],
     `rows` are `latest_state.ChangeRow`s and `events` its `Events` (duck-typed: this module sits below
     `latest_state`, which imports it). Filled counts placeholders resolved from the before image too.
     """
-    befores = events.col("before") if len(events) else []
-
-    def before_of(i: int) -> Any:
-        text = befores[rows[i].event]
-        return None if text is None else _loads(text)
-
-    ops = [r.op if r.key is not None and not r.deleted else "" for r in rows]
-    marks = take_placeholders(ops, [r.image for r in rows], before_of, placeholder)
+    marks = strip_placeholders(rows, events, placeholder)
     typed = typed_of()
     if not marks:
         return typed, marks.from_before, 0

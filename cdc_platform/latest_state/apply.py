@@ -31,6 +31,7 @@ from cdc_platform.latest_state.rows import (
     TypedRows,
     build_rows,
     change_rows,
+    dead_rows,
     history_schema,
     last_per_key,
     source_columns,
@@ -85,17 +86,6 @@ class TablePlan:
     typed: TypedRows | None = None
 
 
-def _dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
-    if not dead:
-        return []
-    order = sorted(dead)
-    cols = {c: events.take(c, order).to_pylist() for c in ("table_id", "event_id", "line", "source_file")}
-    return [
-        {"reason_code": dead[e][0], "reason": dead[e][1], **{c: cols[c][i] for c in cols}}
-        for i, e in enumerate(order)
-    ]
-
-
 def prepare_table(
     table: TableConfig, current: pa.Schema, hcurrent: pa.Schema | None, events: Events, lookup: unavailable.StoredLookup | None,
 ) -> TablePlan:
@@ -108,7 +98,7 @@ def prepare_table(
         rows, events, lambda: type_rows(rows, events, source_columns(current), table), table.key, lookup)
     for e, code, reason in bad:
         typed.dead.setdefault(e, (code, reason))
-    out.dead = _dead_rows(events, typed.dead)
+    out.dead = dead_rows(events, typed.dead)
     live = [i for i, r in enumerate(rows) if r.event not in typed.dead]
     plan.typed = typed
     if not live:
@@ -200,7 +190,7 @@ class LatestStateStage:
                     for k in ("added_columns", "widened_columns"):
                         totals[k] = totals.get(k, 0.0) - float(plan.info["figures"].get(k, 0.0))
                 if plan.info.get("dead"):
-                    dead_frames.append(_decoded(frame, tid, staging.DEAD, schemas.DEAD_LETTER))
+                    dead_frames.append(decoded_part(frame, staging.DEAD, schemas.DEAD_LETTER))
                     totals["dead_letters"] = totals.get("dead_letters", 0.0) + float(plan.info["dead"])
             totals.setdefault("dead_letters", 0.0)
             result.figures = totals
@@ -250,7 +240,7 @@ class LatestStateStage:
             target = pa.ipc.read_schema(pa.py_buffer(plan.payload))
             path = lake.table_path(lake_dir, table.name)
             if self._append(spark, path, ctx.app_id(table.name), ctx.batch_id, target, info["state_rewrite"], [LAYER],
-                            lambda seq: _decoded(frame, None, staging.STATE, target, seq=seq), rows=int(info["figures"]["rows"])):
+                            lambda seq: decoded_part(frame, staging.STATE, target, seq=seq), rows=int(info["figures"]["rows"])):
                 out.rows = int(info["figures"]["rows"])
                 self._maybe_compact(spark, path, table, out)
             return out
@@ -258,7 +248,7 @@ class LatestStateStage:
         if htarget is not None and info.get("history_rows"):
             hpath = lake.table_path(lake_dir, table.history_name)
             if self._append(spark, hpath, ctx.app_id(table.history_name), ctx.batch_id, htarget, info["history_rewrite"], None,
-                            lambda seq: _decoded(frame, None, staging.HISTORY, htarget, seq=seq)):
+                            lambda seq: decoded_part(frame, staging.HISTORY, htarget, seq=seq)):
                 out.history_rows = int(info["history_rows"])
         return out
 
@@ -332,10 +322,11 @@ class _Staged:
             staged.unpersist()
 
 
-def _decoded(frame: tuple[DataFrame, DataFrame], table_id: str | None, part: str, schema: pa.Schema, *, seq: int | None = None) -> DataFrame:
-    """One part of a table's staged rows as a DataFrame of `schema`, decoded on the executors.
+def decoded_part(frame: tuple[DataFrame, DataFrame], part: str, schema: pa.Schema, *, seq: int | None = None) -> DataFrame:
+    """One part of staged rows (a `part` and an Arrow `payload` column, `arrow_parts`) as a DataFrame of
+    `schema`, decoded on the executors; the rebuild's parts too.
 
-    Dead letters get their `line` back from the batch's events by event id (it stayed out of the shuffle).
+    Dead letters get their `line` back from the events by event id (it stayed out of the shuffle).
     """
     from pyspark.sql import functions as F
 

@@ -44,7 +44,7 @@ def _col(name: str) -> Column:
     return F.col(lake.quote_identifier(name))
 
 
-def _keys(key: Sequence[str], *, null: bool) -> Column:
+def key_condition(key: Sequence[str], *, null: bool) -> Column:
     cond = None
     for k in key:
         part = _col(k).isNull() if null else _col(k).isNotNull()
@@ -88,20 +88,20 @@ def compact(path: Path, table: TableConfig, spark: SparkSession | None = None) -
     if summary is None or not summary["n"]:
         return report
     top_seq = int(summary["top"])
-    markers = [r.asDict() for r in snap.where(_keys(table.key, null=True) & (F.col("_op") == "t"))
+    markers = [r.asDict() for r in snap.where(key_condition(table.key, null=True) & (F.col("_op") == "t"))
                .select(LAYER, *_MARKER_META).collect()]
     base_marker = _newest([m for m in markers if m[LAYER] == BASE])
     new_marker = _newest([m for m in markers if m[LAYER] == DELTA])
     truncate_now = new_marker is not None and (base_marker is None or new_marker["_position"] > base_marker["_position"])
     cut = new_marker if truncate_now else base_marker
 
-    changes = fold_frame(delta.where(_keys(table.key, null=False)), table.key)
+    changes = fold_frame(delta.where(key_condition(table.key, null=False)), table.key)
     if cut is not None:
-        changes = _tombstone_below(changes, cut, table.key, src_cols)
+        changes = tombstone_below(changes, cut, table.key, src_cols)
     if truncate_now and new_marker is not None:
         _truncate_base(spark, path, new_marker, table.key, src_cols)  # every stored row below the new truncate
         report.truncated = True
-        marker_row = delta.where(_keys(table.key, null=True) & (F.col("_op") == "t") & (F.col("_position") == new_marker["_position"])
+        marker_row = delta.where(key_condition(table.key, null=True) & (F.col("_op") == "t") & (F.col("_position") == new_marker["_position"])
                                  & (F.col("_event_id") == new_marker["_event_id"])).limit(1)
         changes = changes.unionByName(marker_row)
     source = changes.withColumn(LAYER, F.lit(BASE))
@@ -133,7 +133,7 @@ def _newest(markers: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(markers, key=lambda m: m["_position"]) if markers else None
 
 
-def _tombstone_below(rows: DataFrame, cut: Mapping[str, Any], key: Sequence[str], src_cols: Sequence[str]) -> DataFrame:
+def tombstone_below(rows: DataFrame, cut: Mapping[str, Any], key: Sequence[str], src_cols: Sequence[str]) -> DataFrame:
     """Rows below a truncate become the truncate's tombstones: key kept, values gone, its metadata."""
     from pyspark.sql import functions as F
 
@@ -162,7 +162,7 @@ def _truncate_base(spark: SparkSession, path: Path, cut: Mapping[str, Any], key:
     updates: dict[str, Column] = {lake.quote_identifier(c): F.lit(None).cast(types[c]) for c in src_cols if c not in key}
     updates |= {"_op": F.lit("t"), "_deleted": F.lit(True)}
     updates |= {c: F.lit(cut[c]).cast(types[c]) for c in _MARKER_META}
-    condition = (F.col(LAYER) == BASE) & _keys(key, null=False) & (F.col("_position") < F.lit(cut["_position"]))
+    condition = (F.col(LAYER) == BASE) & key_condition(key, null=False) & (F.col("_position") < F.lit(cut["_position"]))
     lake_spark.with_retries(lambda: DeltaTable.forPath(spark, lake_spark.location(path)).update(condition, updates),
                             what=f"truncate {path.name}")
 

@@ -1,64 +1,49 @@
 """`cdc rebuild --table NAME`: a table and its history rebuilt from the raw log, the newest type winning.
 
 It replays the stage's typing and folding over the table's whole raw log and replaces both tables in
-one overwrite each, so it sits above the stage (its dead-letter rows) and compaction (how a truncate
-tombstones older rows); nothing in the package imports it.
+one overwrite each, so it sits above the stage (its dead-letter rows, its decoding of staged parts) and
+compaction (how a truncate tombstones older rows); nothing in the package imports it but the
+latest-state package's own entry points (onboarding runs it inside the stream).
+
+Where the work runs. On the executors, in two passes (`rebuild_parts`): one decides every column's type
+from summaries the partitions send (small), the other folds the events bucketed by key. The table's
+events pass through a scratch folder of the lake (`_scratch/`, Parquet, removed afterwards) between the
+two, in first-arrival order, so both passes see the same events in the same order. The driver holds
+the decided types, the buckets' counts and the newest truncate marker; its memory does not grow with
+the table's past.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from cdc_platform import lake, lake_spark, schemas, spark_jobs, unavailable
-from cdc_platform.config import PlatformConfig
+from cdc_platform import lake, lake_spark, schemas, spark_jobs
+from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.errors import LakeError
-from cdc_platform.latest_state.apply import _dead_rows
-from cdc_platform.latest_state.layout import BASE, LAYER
-from cdc_platform.latest_state.rows import Events, build_rows, change_rows, fill_keys, last_per_key, type_rows
+from cdc_platform.latest_state import rebuild_parts as P
+from cdc_platform.latest_state.apply import decoded_part
+from cdc_platform.latest_state.compaction import key_condition, tombstone_below
+from cdc_platform.latest_state.layout import LAYER
+from cdc_platform.latest_state.rows import history_schema, state_schema
+from cdc_platform.latest_state.type_votes import decide_types
 from cdc_platform.latest_state.writing import accept_names, ensure_tables
-from cdc_platform.parse_spark import with_lines
-from cdc_platform.stage import RAW, dead_letter_rows
+from cdc_platform.stage import RAW
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
-def _key_filter(key: Sequence[str], *, null: bool) -> pc.Expression:
-    expr: pc.Expression | None = None
-    for k in key:
-        part = pc.field(k).is_null() if null else pc.field(k).is_valid()
-        expr = part if expr is None else (expr & part)
-    assert expr is not None
-    return expr
-
-
-def _newest(rows: pa.Table) -> pa.Table:
-    """The one row with the highest `_position`."""
-    return rows.slice(pc.index(rows.column("_position"), pc.max(rows.column("_position"))).as_py(), 1)
-
-
-def _tombstone_below(rows: pa.Table, cut: Mapping[str, Any], key: Sequence[str], src_cols: Mapping[str, pa.DataType]) -> pa.Table:
-    """Rows below a truncate become the truncate's tombstones: key kept, values gone, its metadata
-    (the rule `compaction._tombstone_below` applies in Spark, here on the rebuild's Arrow rows)."""
-    below = pc.less(rows.column("_position"), cut["_position"])
-    if not pc.any(below).as_py():
-        return rows
-    out = rows
-    for col in src_cols:
-        if col in key:
-            continue
-        i = out.schema.get_field_index(col)
-        out = out.set_column(i, col, pc.if_else(below, pa.scalar(None, out.schema.field(col).type), out.column(col)))
-    replace = {"_op": "t", "_deleted": True, "_position": cut["_position"], "_source_ts": cut["_source_ts"],
-               "_transaction_id": cut["_transaction_id"], "_ingested_at": cut["_ingested_at"], "_event_id": cut["_event_id"]}
-    for col, value in replace.items():
-        i = out.schema.get_field_index(col)
-        typ = out.schema.field(col).type
-        out = out.set_column(i, col, pc.if_else(below, pa.scalar(value, typ), out.column(col)))
-    return out
+#: Events a bucket of the fold holds, about (a bucket is typed and folded in one Python worker).
+BUCKET_EVENTS = 50_000
+#: Up to this many dead letters get their lines by id; more, by a join with the table's raw log.
+LINES_BY_ID = 10_000
 
 
 @dataclass
@@ -70,18 +55,20 @@ class RebuildReport:
     seconds: float = 0.0
 
 
-def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], None] | None = None) -> RebuildReport:
+def rebuild_table(config: PlatformConfig, name: str, progress: Callable[[str], None] | None = None, *,
+                  buckets: int | None = None) -> RebuildReport:
     """Rebuild `<name>` (and its history) from the raw log, letting the newest type of each column win.
 
     Stop the stream first: the rebuild replaces the table in one commit, and a batch appended meanwhile
-    would be lost from it (it stays in the raw log, so a second rebuild recovers it).
+    would be lost from it (it stays in the raw log, so a second rebuild recovers it). `buckets` overrides
+    how many buckets the fold uses (about `BUCKET_EVENTS` events each, at least one per shuffle partition).
     """
     lake_spark.session()  # started first, so that its jobs carry the label
     with spark_jobs.labelled("rebuild", f"cdc rebuild: {name}"):
-        return _rebuild(config, name, progress)
+        return _rebuild(config, name, progress, buckets)
 
 
-def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] | None) -> RebuildReport:
+def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] | None, buckets: int | None = None) -> RebuildReport:
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     table = config.table(name)
@@ -94,52 +81,104 @@ def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] 
     from pyspark.sql import functions as F
 
     frame = lake_spark.read(spark, raw_path).where(F.col("table_id") == table.source)
-    # Without the original lines (the widest column: the whole envelope again): the fold never reads them, and
-    # the few events it dead-letters get theirs back below (`with_lines`), as the stream's stage does.
-    raw = schemas.conform(frame.select(*[c for c in schemas.RAW_CHANGE_EVENTS.names if c != "line"]).toArrow(), schemas.RAW_CHANGE_EVENTS)
-    # First-arrival order (the raw log keeps each event's first copy), so ties at one position fold as the stream did.
-    raw = raw.sort_by([("ingested_at", "ascending"), ("kafka_topic", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
-    events = Events(fill_keys(raw, table.key))  # events that landed before the table was configured have no key yet
-    say(f"rebuilding {name} from {len(events):,} raw events of {table.source} ...")
-    rows, bad = change_rows(events, table.key)
-    typed, _, _ = unavailable.resolve_batch(rows, events, lambda: type_rows(rows, events, {}, table, coerce=True), table.key, None)
-    for e, code, reason in bad:
-        typed.dead.setdefault(e, (code, reason))
-    live = [i for i, r in enumerate(rows) if r.event not in typed.dead]
-    winners = [live[i] for i in last_per_key([rows[i] for i in live], events)]
-    markers = [i for i in live if rows[i].key is None]
-    report = RebuildReport(events=len(events), dead_letters=len(typed.dead))
-
-    ensure_tables(spark, config.lake, table)
-    path = lake.table_path(config.lake, name)
-    state = build_rows(typed, events, sorted(winners + markers), table.key, seq=0)
-    state = state.set_column(state.schema.get_field_index(LAYER), LAYER, pa.array([BASE] * state.num_rows, pa.string()))
-    if markers and all(k in typed.columns for k in table.key):
-        newest = _newest(state.filter(_key_filter(table.key, null=True)))
-        keyed = state.filter(_key_filter(table.key, null=False))
-        state = pa.concat_tables([_tombstone_below(keyed, newest.to_pylist()[0], table.key, typed.columns), newest])
-    _overwrite(spark, path, state, [LAYER], what=f"rebuild {name}")
-    report.rows = state.num_rows
-    if table.history:
-        hpath = lake.table_path(config.lake, table.history_name)
-        hist = build_rows(typed, events, live, table.key, seq=0, history=True)
-        _overwrite(spark, hpath, hist, None, what=f"rebuild {table.history_name}")
-        report.history_rows = hist.num_rows
-    if typed.dead:
-        dead = with_lines(dead_letter_rows(_dead_rows(events, typed.dead), stage="rebuild", batch_id=None), frame)
-        dl = lake.table_path(config.lake, "dead_letter")
-        lake_spark.ensure_table(spark, dl, lake_spark.spark_schema(schemas.DEAD_LETTER))
-        lake_spark.from_arrow(spark, dead, schemas.DEAD_LETTER).write.format("delta").mode("append").save(lake_spark.location(dl))
+    location = lake_spark.location(config.lake / "_scratch" / f"rebuild-{table.name}-{uuid.uuid4().hex[:12]}")
+    try:
+        events, decided, count = _first_pass(spark, frame, table, location)
+        say(f"rebuilding {name} from {count:,} raw events of {table.source} ...")
+        report = RebuildReport(events=count)
+        ensure_tables(spark, config.lake, table)
+        n = buckets or max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(count / BUCKET_EVENTS))
+        parts = _second_pass(events, table, decided, n).persist()
+        try:
+            totals = {"state": 0, "markers": 0, "history": 0, "dead": 0}
+            for r in parts.where(F.col("part") == P.COUNT).select("info").collect():
+                for k, v in json.loads(r["info"]).items():
+                    totals[k] += int(v)
+            state = decoded_part((parts, frame), P.STATE, state_schema(decided))
+            report.rows = totals["state"]
+            if totals["markers"] and all(k in decided for k in table.key):
+                state, report.rows = _truncated(state, table, list(decided)), totals["state"] - totals["markers"] + 1
+            _overwrite(spark, lake.table_path(config.lake, name), state, state_schema(decided), [LAYER], what=f"rebuild {name}")
+            if table.history:
+                hschema = history_schema(decided)
+                history = decoded_part((parts, frame), P.HISTORY, hschema)
+                _overwrite(spark, lake.table_path(config.lake, table.history_name), history, hschema, None, what=f"rebuild {table.history_name}")
+                report.history_rows = totals["history"]
+            report.dead_letters = totals["dead"]
+            if totals["dead"]:
+                _dead_letters(spark, config, parts, frame, totals["dead"])
+        finally:
+            parts.unpersist()
+    finally:
+        _remove(spark, location)
     report.seconds = time.perf_counter() - t0
     say(f"rebuilt {name}: {report.rows:,} rows (tombstones included), {report.history_rows:,} history rows, "
         f"{report.dead_letters:,} events dead-lettered, {report.seconds:.1f} s")
     return report
 
 
-def _overwrite(spark: Any, path: Any, rows: pa.Table, partition_by: list[str] | None, *, what: str) -> None:
-    """Replace a table's rows and schema with `rows` in one delta-spark commit."""
-    accept_names(spark, path, rows.schema)
-    frame = lake_spark.from_arrow(spark, rows, rows.schema)
+def _first_pass(spark: SparkSession, frame: DataFrame, table: TableConfig, location: str) -> tuple[DataFrame, dict[str, pa.DataType], int]:
+    """The table's events in first-arrival order, keys filled, written to the scratch folder; the column
+    types decided from the partitions' votes; the number of events."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    # First-arrival order (the raw log keeps each event's first copy), so ties at one position fold as the stream did.
+    arrival = [F.col(c).asc_nulls_last() for c in ("ingested_at", "kafka_topic", "kafka_partition", "kafka_offset", "event_id")]
+    ranked = frame.orderBy(*arrival).select(*P.COLUMNS).withColumn(P.ARRIVAL, F.monotonically_increasing_id())
+    # every column nullable: each partition's votes come in a row of their own, the event's columns empty
+    schema = StructType([*(StructField(f.name, f.dataType) for f in ranked.schema.fields), StructField(P.OLD_KEY, StringType()),
+                         StructField(P.VOTES, BinaryType())])
+    assert isinstance(schema[P.ARRIVAL].dataType, LongType)
+    ranked.mapInArrow(P.votes_pass(table), schema).write.mode("overwrite").parquet(location)
+    written = spark.read.schema(schema).parquet(location)
+    votes = P.read_votes([r[P.VOTES] for r in written.where(F.col(P.VOTES).isNotNull()).select(P.VOTES).collect()])
+    events = written.where(F.col(P.VOTES).isNull()).drop(P.VOTES)
+    return events, decide_types(votes), events.count()
+
+
+def _second_pass(events: DataFrame, table: TableConfig, decided: dict[str, pa.DataType], buckets: int) -> DataFrame:
+    """The events bucketed by key (a key change's also by its old key) and folded per bucket: `PARTS` rows."""
+    from pyspark.sql import functions as F
+
+    def bucket_of(column: Any) -> Any:
+        return F.pmod(F.xxhash64(column), F.lit(buckets)).cast("int")
+
+    own = F.when(F.col("key").isNotNull(), bucket_of(F.col("key"))).otherwise(bucket_of(F.col("event_id")))  # truncates, keyless
+    old = F.when(F.col(P.OLD_KEY).isNotNull(), bucket_of(F.col(P.OLD_KEY)))
+    first = events.select("*", own.alias(P.BUCKET), F.lit(True).alias(P.NEW), F.coalesce(old == own, F.lit(False)).alias(P.OLD))
+    second = events.where(old.isNotNull() & (old != own)).select("*", old.alias(P.BUCKET), F.lit(False).alias(P.NEW), F.lit(True).alias(P.OLD))
+    copies = first.unionByName(second).drop(P.OLD_KEY)
+    return copies.groupBy(P.BUCKET).applyInArrow(P.bucket_pass(table, decided), schema=lake_spark.spark_schema(P.PARTS))
+
+
+def _truncated(state: DataFrame, table: TableConfig, columns: list[str]) -> DataFrame:
+    """The newest truncate marker kept, and every keyed row below it made its tombstone (the older markers go)."""
+    from pyspark.sql import functions as F
+
+    markers = state.where(key_condition(table.key, null=True))
+    newest = markers.orderBy(F.col("_position").desc(), F.col("_event_id")).limit(1).collect()[0].asDict()
+    keyed = tombstone_below(state.where(key_condition(table.key, null=False)), newest, table.key, columns)
+    return keyed.unionByName(markers.where((F.col("_position") == newest["_position"]) & (F.col("_event_id") == newest["_event_id"])).limit(1))
+
+
+def _dead_letters(spark: SparkSession, config: PlatformConfig, parts: DataFrame, frame: DataFrame, count: int) -> None:
+    """The rebuild's dead letters, each with its original line (read back by id), appended to `dead_letter`."""
+    from pyspark.sql import functions as F
+
+    lines = frame.select("event_id", "line")
+    if count <= LINES_BY_ID:
+        ids = [r["event_id"] for r in decoded_part((parts, lines.limit(0)), P.DEAD, schemas.DEAD_LETTER).select("event_id").collect()]
+        lines = lines.where(F.col("event_id").isin(ids))
+    dead = decoded_part((parts, lines), P.DEAD, schemas.DEAD_LETTER)
+    dl = lake.table_path(config.lake, "dead_letter")
+    lake_spark.ensure_table(spark, dl, lake_spark.spark_schema(schemas.DEAD_LETTER))
+    dead.write.format("delta").mode("append").save(lake_spark.location(dl))
+
+
+def _overwrite(spark: SparkSession, path: Any, frame: DataFrame, schema: pa.Schema, partition_by: list[str] | None, *, what: str) -> None:
+    """Replace a table's rows and schema with `frame` (of `schema`) in one delta-spark commit."""
+    accept_names(spark, path, schema)
 
     def attempt() -> None:
         writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").option("userMetadata", "cdc_operation=rebuild")
@@ -148,3 +187,9 @@ def _overwrite(spark: Any, path: Any, rows: pa.Table, partition_by: list[str] | 
         writer.save(lake_spark.location(path))
 
     lake_spark.with_retries(attempt, what=what)
+
+
+def _remove(spark: SparkSession, location: str) -> None:
+    """Delete the scratch folder (on any file system Spark writes to)."""
+    fs, path = lake_spark.hadoop_file(spark, location)
+    fs.delete(path, True)

@@ -34,6 +34,7 @@ from cdc_platform.latest_state.connect_types import (
     type_name,
 )
 from cdc_platform.latest_state.layout import DELTA, HISTORY_META, LAYER, META_FIELDS, RESERVED
+from cdc_platform.latest_state.type_votes import ColumnVotes, FirstSeen, Newness, TableVotes, Vote, decide_type, decide_types, fits
 
 #: Row images are read with every number exact (orjson where it reads them as the stdlib would, Decimal
 #: for a number no float holds), so a decimal column gets the digits the source committed.
@@ -161,6 +162,18 @@ def last_per_key(rows: Sequence[ChangeRow], events: Events) -> list[int]:
     return sorted(sorted_t.column("i").filter(last).to_pylist())
 
 
+def dead_rows(events: Events, dead: Mapping[int, tuple[str, str]]) -> list[dict[str, Any]]:
+    """Dead-letter fields of the events in `dead` (event -> (reason_code, reason)), in event order."""
+    if not dead:
+        return []
+    order = sorted(dead)
+    cols = {c: events.take(c, order).to_pylist() for c in ("table_id", "event_id", "line", "source_file")}
+    return [
+        {"reason_code": dead[e][0], "reason": dead[e][1], **{c: cols[c][i] for c in cols}}
+        for i, e in enumerate(order)
+    ]
+
+
 # --- Typing a batch -----------------------------------------------------------------------------------
 
 @dataclass
@@ -205,7 +218,7 @@ def _column_types(
     out: list[Any] = list(vals)
     for i, v in enumerate(vals):
         decl = declared[i] if declared is not None else None
-        ftype = decl.get(col) if decl else None
+        ftype = decl.get(col.lower()) if decl else None
         groups = hard
         if ftype is None:
             ftype, groups = infer_type(v), soft
@@ -220,22 +233,6 @@ def _column_types(
                 continue
         groups.setdefault(ftype.dtype, []).append(i)  # a declared type counts even for a null
     return hard, soft, out
-
-
-_INT_RANGES = {pa.int8(): 2**7, pa.int16(): 2**15, pa.int32(): 2**31, pa.int64(): 2**63}
-
-
-def _fits(inferred: pa.DataType, target: pa.DataType, values: Iterable[Any]) -> bool:
-    """Whether values whose type was only inferred from JSON can be stored as `target` exactly."""
-    if inferred == pa.int64():
-        if target in _INT_RANGES:
-            bound = _INT_RANGES[target]
-            return all(-bound <= v < bound for v in values)
-        if target == pa.float32():
-            return all(abs(v) <= 2**24 for v in values)
-        if pa.types.is_decimal(target):
-            return all(len(str(abs(v))) <= target.precision - target.scale for v in values)
-    return inferred == pa.float64() and target == pa.float32()
 
 
 def _fold_case(order: dict[str, None], images: list[dict[str, Any] | None], events_of: list[int], dead: dict[int, tuple[str, str]], table: TableConfig) -> None:
@@ -271,35 +268,18 @@ def _fold_case(order: dict[str, None], images: list[dict[str, Any] | None], even
         del order[name]
 
 
-def type_rows(
-    rows: list[ChangeRow],
-    events: Events,
-    stored: Mapping[str, pa.DataType],
-    table: TableConfig,
-    *,
-    coerce: bool = False,
-) -> TypedRows:
-    """Type every change row against the stored source columns, column by column.
-
-    Without `coerce` (the stream) a value whose type cannot widen to the stored one dead-letters its
-    event. With `coerce` (rebuild) the newest event's type wins and older values are cast to it; only
-    values that cannot be cast are dead-lettered.
-    """
-    dead: dict[int, tuple[str, str]] = {}
-    images = [r.image for r in rows]
-    events_of = [r.event for r in rows]
+def _declared_of(events: Events, events_of: Sequence[int]) -> list[dict[str, FieldType] | None] | None:
+    """Each row's declared types (its event's Connect schema), or None when no event carries one."""
     texts = events.col("row_schema")
-    declared: list[dict[str, FieldType] | None] | None = None
-    if any(t is not None for t in texts):
-        cache: dict[str, dict[str, FieldType]] = {}
-        declared = [_declared(texts[e], cache) for e in events_of]
-    order: dict[str, None] = dict.fromkeys(stored)
-    for img in images:
-        if img:
-            for col in img:
-                if col not in order:
-                    order[col] = None
-    _fold_case(order, images, events_of, dead, table)
+    if not any(t is not None for t in texts):
+        return None
+    cache: dict[str, dict[str, FieldType]] = {}
+    return [_declared(texts[e], cache) for e in events_of]
+
+
+def _drop_reserved(order: dict[str, None], images: list[dict[str, Any] | None], events_of: list[int], dead: dict[int, tuple[str, str]],
+                   table: TableConfig) -> None:
+    """A source column named like a platform metadata column cannot be stored: its rows are dead-lettered."""
     for col in [c for c in order if c.lower() in RESERVED]:
         for idx, img in enumerate(images):
             if img and col in img:
@@ -310,18 +290,110 @@ def type_rows(
                 ))
         del order[col]
 
-    order_lists: list[list[Any]] = []
 
-    def newness(i: int) -> tuple[str, int, int]:
-        """Source order of a row's event: position, then transaction order, then arrival."""
-        if not order_lists:
-            order_lists.extend([events.col("position"), events.col("tx_total_order")])
-        pos, tx = order_lists
-        e = events_of[i]
-        return (pos[e] or "", tx[e] if tx[e] is not None else -1, e)
+def _newness(events: Events, arrival: Sequence[int] | None) -> Any:
+    """Source order of an event by its index: position, then transaction order, then arrival (`arrival[e]`,
+    else the index itself: a batch's events are in arrival order)."""
+    pos, tx = events.col("position"), events.col("tx_total_order")
 
-    def newest(idxs: Iterable[int]) -> int:
-        return max(idxs, key=newness)
+    def newness(e: int) -> Newness:
+        return (pos[e] or "", tx[e] if tx[e] is not None else -1, arrival[e] if arrival is not None else e)
+
+    return newness
+
+
+_UNORDERED: Newness = ("", -1, -1)
+
+
+def _votes(groups: Mapping[pa.DataType, list[int]], newness: Any, events_of: list[int], first: Any, converted: list[Any] | None,
+           *, ordered: bool = True) -> dict[pa.DataType, Vote]:
+    """The rows of each type as a `Vote`; `converted` given for inferred types (integers keep their range).
+    Without `ordered` the newest event is not looked for (a stored type needs it only to rank declared types)."""
+    out: dict[pa.DataType, Vote] = {}
+    for dtype, idxs in groups.items():
+        lo = hi = None
+        if converted is not None and dtype == pa.int64():
+            lo, hi = min(converted[i] for i in idxs), max(converted[i] for i in idxs)
+        out[dtype] = Vote(max(newness(events_of[i]) for i in idxs) if ordered else _UNORDERED, first(idxs[0]), lo, hi)
+    return out
+
+
+def type_votes(rows: list[ChangeRow], events: Events, table: TableConfig, arrival: Sequence[int] | None = None) -> TableVotes:
+    """What the rows' values say about each column's type (`type_votes.decide_types` decides), over the rows
+    of one part of a table's history; `arrival[e]` orders event `e` among all the parts' events.
+
+    Events with a value that is bad by itself (not what its declared type says, two names equal but for
+    case, a reserved name) vote for no column: they are dead letters whatever the types turn out to be.
+    The row images are taken as `type_rows` takes them: with unavailable-value placeholders taken out."""
+    images: list[dict[str, Any] | None] = [r.image for r in rows]
+    events_of = [r.event for r in rows]
+    declared = _declared_of(events, events_of)
+    where = (lambda e: arrival[e]) if arrival is not None else (lambda e: e)
+    seen: dict[str, FirstSeen] = {}
+    for idx, img in enumerate(images):
+        if img:
+            for j, col in enumerate(img):
+                if col not in seen:
+                    seen[col] = (where(events_of[idx]), rows[idx].sub, j)
+    order: dict[str, None] = dict.fromkeys(seen)
+    dead: dict[int, tuple[str, str]] = {}
+    _fold_case(order, images, events_of, dead, table)
+    _drop_reserved(order, images, events_of, dead, table)
+    groups: dict[str, tuple[dict[pa.DataType, list[int]], dict[pa.DataType, list[int]], list[Any]]] = {}
+    for col in order:
+        groups[col] = _column_types(col, [img.get(col) if img is not None else None for img in images], declared, table, dead, events_of)
+    # A declared type counts for a row whose image lacks the column (`type_rows` meets it there when another
+    # image of the batch has the column): voted under no spelling, it counts once some part's image names it.
+    for col in sorted({n for d in declared or () if d for n in d} - {c.lower() for c in seen}):
+        groups[col] = _column_types(col, [None] * len(images), declared, table, dead, events_of)
+    newness = _newness(events, arrival)
+
+    def first(idx: int) -> FirstSeen:
+        return (where(events_of[idx]), rows[idx].sub, 0)
+
+    out: TableVotes = {}
+    for col, (hard, soft, converted) in groups.items():
+        if dead:
+            hard, soft = ({t: kept for t, ix in g.items() if (kept := [i for i in ix if events_of[i] not in dead])} for g in (hard, soft))
+        spellings = {name: at for name, at in seen.items() if name.lower() == col.lower()}
+        out[col.lower()] = ColumnVotes(spellings, _votes(hard, newness, events_of, first, None), _votes(soft, newness, events_of, first, converted))
+    return out
+
+
+def type_rows(
+    rows: list[ChangeRow],
+    events: Events,
+    stored: Mapping[str, pa.DataType],
+    table: TableConfig,
+    *,
+    coerce: bool = False,
+    decided: Mapping[str, pa.DataType] | None = None,
+) -> TypedRows:
+    """Type every change row against the stored source columns, column by column.
+
+    Without `coerce` (the stream) a value whose type cannot widen to the stored one dead-letters its
+    event. With `decided` (a rebuild, which decided the types over the whole history: `type_votes`) each
+    column has that type, older values are cast to it, and only values that cannot be cast are
+    dead-lettered; `coerce` decides them over these rows alone first, the same way.
+    """
+    if coerce and decided is None:
+        decided = decide_types(type_votes(rows, events, table))
+    dead: dict[int, tuple[str, str]] = {}
+    images = [r.image for r in rows]
+    events_of = [r.event for r in rows]
+    declared = _declared_of(events, events_of)
+    order: dict[str, None] = dict.fromkeys(decided if decided is not None else stored)
+    for img in images:
+        if img:
+            for col in img:
+                if col not in order:
+                    order[col] = None
+    _fold_case(order, images, events_of, dead, table)
+    _drop_reserved(order, images, events_of, dead, table)
+    newness = _newness(events, None)
+
+    def first(idx: int) -> FirstSeen:
+        return (events_of[idx], rows[idx].sub, 0)
 
     columns: dict[str, pa.DataType] = {}
     values: dict[str, list[Any]] = {}
@@ -334,41 +406,34 @@ def type_rows(
             hard = {t: idxs for t, idxs in ((t, [i for i in ix if events_of[i] not in dead]) for t, ix in hard.items()) if idxs}
             soft = {t: idxs for t, idxs in ((t, [i for i in ix if events_of[i] not in dead]) for t, ix in soft.items()) if idxs}
         old = stored.get(col)
-        if old is None and not hard and not soft:
+        fitting: set[pa.DataType] = set()
+        if decided is not None:
+            if col not in decided:
+                continue  # its values were all null or all in dead-lettered events: it has no type yet
+            target = decided[col]
+        elif old is None and not hard and not soft:
             continue  # only nulls so far and no declared type: wait for a value to say what it is
-        if old is not None and not coerce:
-            target = _normalise(old)
-        else:  # a new column (or a rebuild): the newest declared type, else the newest inferred one
+        else:
+            start = _normalise(old) if old is not None else None
             groups = hard or soft
-            if len(groups) == 1:
-                (target,) = groups
+            if len(hard) + len(soft) == 1 and (start is None or next(iter(groups)) == start):
+                target = next(iter(groups))  # the common case: one type, nothing to decide
             else:
-                n = newest(i for idxs in groups.values() for i in idxs)
-                target = next(t for t, idxs in groups.items() if n in idxs)
+                ordered = start is None or len(hard) > 1
+                target, fitting = decide_type(start, _votes(hard, newness, events_of, first, None, ordered=ordered),
+                                              _votes(soft, newness, events_of, first, converted, ordered=ordered))
         if len(hard) + len(soft) > 1 or ((hard or soft) and next(iter(hard or soft)) != target):
-            ranked = sorted(hard, key=lambda t: newness(newest(hard[t])), reverse=True)
-            for dtype in ranked:  # widen with every compatible declared type, newest first
-                joined = join_types(target, dtype)
-                if joined is not None:
-                    target = joined
-            fitting: set[pa.DataType] = set()
-            for dtype, idxs in soft.items():  # inferred types fit where they can, else widen
-                if dtype == target:
-                    continue
-                if _fits(dtype, target, (converted[i] for i in idxs)):
-                    fitting.add(dtype)
-                    continue
-                joined = join_types(target, dtype)
-                if joined is not None:
-                    target = joined
-            for dtype, idxs in [*hard.items(), *soft.items()]:
-                if join_types(dtype, target) == target or (dtype in fitting and _fits(dtype, target, (converted[i] for i in idxs))):
+            groups_in = [(dtype, idxs, False) for dtype, idxs in hard.items()] + [(dtype, idxs, True) for dtype, idxs in soft.items()]
+            for dtype, idxs, inferred in groups_in:
+                fit = dtype in fitting if decided is None else inferred
+                if join_types(dtype, target) == target or (fit and fits(dtype, target, (converted[i] for i in idxs))):
                     if pa.types.is_decimal(target) and not pa.types.is_decimal(dtype):
                         for i in idxs:
-                            converted[i] = decimal.Decimal(converted[i])
+                            if converted[i] is not None:  # a declared type counts a null too
+                                converted[i] = decimal.Decimal(converted[i])
                     continue
                 for i in idxs:
-                    if coerce:
+                    if decided is not None:
                         try:
                             converted[i] = pa.array([converted[i]], dtype).cast(target).to_pylist()[0]
                             continue
@@ -382,7 +447,7 @@ def type_rows(
                     dead.setdefault(events_of[i], ("incompatible_type", reason))
         if old is None:
             added.append(col)
-        elif not coerce and target != _normalise(old):
+        elif decided is None and target != _normalise(old):
             widened[col] = (_normalise(old), target)
         columns[col] = target
         values[col] = converted
@@ -390,6 +455,8 @@ def type_rows(
 
 
 def _declared(text: str | None, cache: dict[str, dict[str, FieldType]]) -> dict[str, FieldType]:
+    """The types an event's Connect schema declares, by lower-cased field name: a column is one whatever the
+    case of its name (`_fold_case`), and its declared type is its own under any of its spellings."""
     if text is None:
         return {}
     found = cache.get(text)
@@ -402,7 +469,7 @@ def _declared(text: str | None, cache: dict[str, dict[str, FieldType]]) -> dict[
         for f in fields:
             ftype = connect_type(f) if isinstance(f, dict) and "field" in f else None
             if ftype is not None:
-                found[str(f["field"])] = ftype
+                found[str(f["field"]).lower()] = ftype
         cache[text] = found
     return found
 

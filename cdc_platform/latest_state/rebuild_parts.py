@@ -1,0 +1,139 @@
+"""The per-event work of `cdc rebuild` (and onboarding), run on Spark's executors in two passes.
+
+Why two passes. A rebuild gives each column the type its newest events carry, over the table's whole
+history, and folds every key to its last change. The first is a decision over all events; the second
+needs all of one key's events together. So:
+
+1. `votes_pass` (`mapInArrow`, any partitioning): fills the keys of events that landed before the table
+   was configured, finds each key change's old key, and summarises what the values say about the
+   column types (`rows.type_votes`). Each partition adds one row holding its summary (`VOTES`); the
+   driver merges those (small: a few entries per column) and decides the types (`decide_types`).
+2. `bucket_pass` (`groupBy(bucket).applyInArrow`): the events bucketed by key, every bucket typed with
+   the decided types and folded by the stage's own code (`change_rows`, the unavailable-value fill,
+   `type_rows`, `last_per_key`, `build_rows`). A key change's event goes to the bucket of its new key
+   and, when it hashes elsewhere, to its old key's too, each copy owning the rows of its key
+   (`NEW`/`OLD`), so a key's rows never leave its bucket.
+
+A bucket's results (latest-state rows, history rows, dead letters) leave it as Arrow parts
+(`arrow_parts`) in one fixed schema (`PARTS`) and are decoded on the executors into the Delta writes;
+the driver sees counts. A bucket holds about `rebuild.BUCKET_EVENTS` events, whatever the table's past.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from cdc_platform import unavailable
+from cdc_platform.arrow_parts import chunks
+from cdc_platform.config import TableConfig
+from cdc_platform.latest_state.layout import BASE, LAYER
+from cdc_platform.latest_state.rows import Events, build_rows, change_rows, dead_rows, fill_keys, last_per_key, type_rows, type_votes
+from cdc_platform.latest_state.type_votes import TableVotes, merge_votes
+from cdc_platform.stage import dead_letter_rows
+
+#: Columns the passes add: an event's place in first-arrival order, its old key (a key change), the
+#: partition's summary (one extra row per partition), its bucket, and which of its rows a copy owns.
+ARRIVAL, OLD_KEY, VOTES, BUCKET, NEW, OLD = "_arrival", "_old_key", "_votes", "_bucket", "_new", "_old"
+STATE, HISTORY, DEAD, COUNT = "state", "history", "dead", "count"
+
+PARTS = pa.schema([
+    pa.field(BUCKET, pa.int32()),
+    pa.field("part", pa.string()),
+    pa.field("chunk", pa.int32()),
+    pa.field("payload", pa.binary()),
+    pa.field("info", pa.string()),
+])
+
+#: The raw-log columns the passes read (the original `line` is not among them: the widest column, and
+#: the fold never reads it; dead letters get theirs back by event id).
+COLUMNS = ("event_id", "table_id", "op", "key", "before", "after", "row_schema", "position", "source_ts",
+           "transaction_id", "tx_total_order", "ingested_at", "source_file")
+
+
+def votes_pass(table: TableConfig) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Pass 1 (module doc): each batch of events with its key filled and its old key, then the partition's votes."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        found: list[TableVotes] = []
+        schema: pa.Schema | None = None
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            raw = pa.Table.from_batches([batch])
+            filled = fill_keys(raw, table.key)
+            events = Events(filled)
+            rows, _ = change_rows(events, table.key)
+            old: list[str | None] = [None] * len(events)
+            for r in rows:
+                if r.sub == 0:
+                    old[r.event] = r.key
+            unavailable.strip_placeholders(rows, events)
+            found.append(type_votes(rows, events, table, events.col(ARRIVAL)))
+            out = filled.append_column(OLD_KEY, pa.array(old, pa.string())).append_column(VOTES, pa.nulls(len(events), pa.binary()))
+            schema = out.schema
+            yield from out.to_batches()
+        if schema is not None:
+            summary = {f.name: pa.nulls(1, f.type) for f in schema}
+            summary[VOTES] = pa.array([pickle.dumps(merge_votes(found), protocol=pickle.HIGHEST_PROTOCOL)], pa.binary())
+            yield pa.RecordBatch.from_pydict(summary, schema=schema)
+
+    return run
+
+
+def read_votes(payloads: list[bytes]) -> TableVotes:
+    return merge_votes(pickle.loads(p) for p in payloads)
+
+
+def bucket_pass(table: TableConfig, decided: Mapping[str, pa.DataType]) -> Callable[[tuple[pa.Scalar, ...], pa.Table], pa.Table]:
+    """Pass 2 (module doc): one bucket's events -> its `PARTS`."""
+
+    def run(key: tuple[pa.Scalar, ...], rows: pa.Table) -> pa.Table:
+        return pa.Table.from_pylist(fold_bucket(table, decided, key[0].as_py(), rows), schema=PARTS)
+
+    return run
+
+
+def fold_bucket(table: TableConfig, decided: Mapping[str, pa.DataType], bucket: int, rows: pa.Table) -> list[dict[str, Any]]:
+    """Type and fold one bucket's events the way the stage does, with the types decided over the history."""
+    raw = rows.sort_by(ARRIVAL)
+    raw = raw.append_column("line", pa.nulls(raw.num_rows, pa.string()))
+    events = Events(raw)
+    new, old, arrival = events.col(NEW), events.col(OLD), events.col(ARRIVAL)
+    changes, bad = change_rows(events, table.key)
+    typed, _, _ = unavailable.resolve_batch(changes, events, lambda: type_rows(changes, events, {}, table, decided=decided), table.key, None)
+    for e, code, reason in bad:
+        typed.dead.setdefault(e, (code, reason))
+
+    def owned(i: int) -> bool:
+        r = changes[i]
+        return bool(old[r.event]) if r.sub == 0 else bool(new[r.event])
+
+    live = [i for i, r in enumerate(changes) if r.event not in typed.dead and owned(i)]
+    winners = [live[i] for i in last_per_key([changes[i] for i in live], events)]
+    markers = [i for i in live if changes[i].key is None]
+    state = build_rows(typed, events, sorted(winners + markers), table.key, seq=0)
+    state = state.set_column(state.schema.get_field_index(LAYER), LAYER, pa.array([BASE] * state.num_rows, pa.string()))
+    out = _parts(bucket, STATE, state)
+    history_rows = 0
+    if table.history:
+        history = build_rows(typed, events, live, table.key, seq=0, history=True)
+        # first-arrival order over the whole history (the stage's is within its batch), a key change's tombstone first
+        order = pa.array([2 * arrival[changes[i].event] + changes[i].sub for i in live], pa.int64())
+        history = history.set_column(history.schema.get_field_index("_batch_order"), "_batch_order", order)
+        history_rows = history.num_rows
+        out += _parts(bucket, HISTORY, history)
+    dead = {e: why for e, why in typed.dead.items() if new[e]}  # once, by the copy in the event's own bucket
+    if dead:
+        out += _parts(bucket, DEAD, dead_letter_rows(dead_rows(events, dead), stage="rebuild", batch_id=None))
+    info = {"state": state.num_rows, "markers": len(markers), "history": history_rows, "dead": len(dead)}
+    out.append({BUCKET: bucket, "part": COUNT, "chunk": 0, "payload": None, "info": json.dumps(info)})
+    return out
+
+
+def _parts(bucket: int, part: str, rows: pa.Table) -> list[dict[str, Any]]:
+    return [{BUCKET: bucket, "part": part, "chunk": i, "payload": payload, "info": None} for i, payload in enumerate(chunks(rows))]
