@@ -5,12 +5,10 @@ one overwrite each, so it sits above the stage (its dead-letter rows, its decodi
 compaction (how a truncate tombstones older rows); nothing in the package imports it but the
 latest-state package's own entry points (onboarding runs it inside the stream).
 
-Where the work runs. On the executors, in two passes (`rebuild_parts`): one decides every column's type
-from summaries the partitions send (small), the other folds the events bucketed by key. The table's
-events pass through a scratch folder of the lake (`_scratch/`, Parquet, removed afterwards) between the
-two, in first-arrival order, so both passes see the same events in the same order. The driver holds
-the decided types, the buckets' counts and the newest truncate marker; its memory does not grow with
-the table's past.
+Where the work runs. On the executors, in two passes over one pinned version of the raw log
+(`rebuild_parts`): one decides every column's type from summaries the partitions send (small), the
+other folds the events bucketed by key. The driver holds the decided types, the buckets' counts and the
+newest truncate marker; its memory does not grow with the table's past.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -80,75 +77,57 @@ def _rebuild(config: PlatformConfig, name: str, progress: Callable[[str], None] 
     lake_spark.ensure_table(spark, raw_path, lake_spark.spark_schema(schemas.RAW_CHANGE_EVENTS), schemas.RAW_PARTITION_BY)
     from pyspark.sql import functions as F
 
-    frame = lake_spark.read(spark, raw_path).where(F.col("table_id") == table.source)
-    location = lake_spark.location(config.lake / "_scratch" / f"rebuild-{table.name}-{uuid.uuid4().hex[:12]}")
+    _, raw = lake_spark.pinned(spark, raw_path)  # both passes read the same events
+    frame = raw.where(F.col("table_id") == table.source)
+    events = frame.select(*P.COLUMNS)
+    votes = events.mapInArrow(P.votes_pass(table), f"{P.VOTES} binary, {P.EVENTS} bigint").collect()
+    decided = decide_types(P.read_votes([r[P.VOTES] for r in votes]))
+    count = sum(r[P.EVENTS] for r in votes)
+    say(f"rebuilding {name} from {count:,} raw events of {table.source} ...")
+    ensure_tables(spark, config.lake, table)
+    n = buckets or max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(count / BUCKET_EVENTS))
+    parts = _second_pass(events, table, decided, n).persist()
     try:
-        events, decided, count = _first_pass(spark, frame, table, location)
-        say(f"rebuilding {name} from {count:,} raw events of {table.source} ...")
-        report = RebuildReport(events=count)
-        ensure_tables(spark, config.lake, table)
-        n = buckets or max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(count / BUCKET_EVENTS))
-        parts = _second_pass(events, table, decided, n).persist()
-        try:
-            totals = {"state": 0, "markers": 0, "history": 0, "dead": 0}
-            for r in parts.where(F.col("part") == P.COUNT).select("info").collect():
-                for k, v in json.loads(r["info"]).items():
-                    totals[k] += int(v)
-            state = decoded_part((parts, frame), P.STATE, state_schema(decided))
-            report.rows = totals["state"]
-            if totals["markers"] and all(k in decided for k in table.key):
-                state, report.rows = _truncated(state, table, list(decided)), totals["state"] - totals["markers"] + 1
-            _overwrite(spark, lake.table_path(config.lake, name), state, state_schema(decided), [LAYER], what=f"rebuild {name}")
-            if table.history:
-                hschema = history_schema(decided)
-                history = decoded_part((parts, frame), P.HISTORY, hschema)
-                _overwrite(spark, lake.table_path(config.lake, table.history_name), history, hschema, None, what=f"rebuild {table.history_name}")
-                report.history_rows = totals["history"]
-            report.dead_letters = totals["dead"]
-            if totals["dead"]:
-                _dead_letters(spark, config, parts, frame, totals["dead"])
-        finally:
-            parts.unpersist()
+        totals = {"state": 0, "markers": 0, "history": 0, "dead": 0}
+        for r in parts.where(F.col("part") == P.COUNT).select("info").collect():
+            for k, v in json.loads(r["info"]).items():
+                totals[k] += int(v)
+        report = RebuildReport(events=count, rows=totals["state"], dead_letters=totals["dead"])
+        state = decoded_part((parts, frame), P.STATE, state_schema(decided))
+        if totals["markers"] and all(k in decided for k in table.key):
+            state, report.rows = _truncated(state, table, list(decided)), totals["state"] - totals["markers"] + 1
+        _overwrite(spark, lake.table_path(config.lake, name), state, state_schema(decided), [LAYER], what=f"rebuild {name}")
+        if table.history:
+            hschema = history_schema(decided)
+            history = decoded_part((parts, frame), P.HISTORY, hschema)
+            _overwrite(spark, lake.table_path(config.lake, table.history_name), history, hschema, None, what=f"rebuild {table.history_name}")
+            report.history_rows = totals["history"]
+        if totals["dead"]:
+            _dead_letters(spark, config, parts, frame, totals["dead"])
     finally:
-        _remove(spark, location)
+        parts.unpersist(blocking=True)
     report.seconds = time.perf_counter() - t0
     say(f"rebuilt {name}: {report.rows:,} rows (tombstones included), {report.history_rows:,} history rows, "
         f"{report.dead_letters:,} events dead-lettered, {report.seconds:.1f} s")
     return report
 
 
-def _first_pass(spark: SparkSession, frame: DataFrame, table: TableConfig, location: str) -> tuple[DataFrame, dict[str, pa.DataType], int]:
-    """The table's events in first-arrival order, keys filled, written to the scratch folder; the column
-    types decided from the partitions' votes; the number of events."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
-
-    # First-arrival order (the raw log keeps each event's first copy), so ties at one position fold as the stream did.
-    arrival = [F.col(c).asc_nulls_last() for c in ("ingested_at", "kafka_topic", "kafka_partition", "kafka_offset", "event_id")]
-    ranked = frame.orderBy(*arrival).select(*P.COLUMNS).withColumn(P.ARRIVAL, F.monotonically_increasing_id())
-    # every column nullable: each partition's votes come in a row of their own, the event's columns empty
-    schema = StructType([*(StructField(f.name, f.dataType) for f in ranked.schema.fields), StructField(P.OLD_KEY, StringType()),
-                         StructField(P.VOTES, BinaryType())])
-    assert isinstance(schema[P.ARRIVAL].dataType, LongType)
-    ranked.mapInArrow(P.votes_pass(table), schema).write.mode("overwrite").parquet(location)
-    written = spark.read.schema(schema).parquet(location)
-    votes = P.read_votes([r[P.VOTES] for r in written.where(F.col(P.VOTES).isNotNull()).select(P.VOTES).collect()])
-    events = written.where(F.col(P.VOTES).isNull()).drop(P.VOTES)
-    return events, decide_types(votes), events.count()
-
-
 def _second_pass(events: DataFrame, table: TableConfig, decided: dict[str, pa.DataType], buckets: int) -> DataFrame:
     """The events bucketed by key (a key change's also by its old key) and folded per bucket: `PARTS` rows."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    keyed = events.mapInArrow(P.keys_pass(table), StructType([*events.schema.fields, StructField(P.OLD_KEY, StringType())]))
 
     def bucket_of(column: Any) -> Any:
         return F.pmod(F.xxhash64(column), F.lit(buckets)).cast("int")
 
     own = F.when(F.col("key").isNotNull(), bucket_of(F.col("key"))).otherwise(bucket_of(F.col("event_id")))  # truncates, keyless
     old = F.when(F.col(P.OLD_KEY).isNotNull(), bucket_of(F.col(P.OLD_KEY)))
-    first = events.select("*", own.alias(P.BUCKET), F.lit(True).alias(P.NEW), F.coalesce(old == own, F.lit(False)).alias(P.OLD))
-    second = events.where(old.isNotNull() & (old != own)).select("*", old.alias(P.BUCKET), F.lit(False).alias(P.NEW), F.lit(True).alias(P.OLD))
-    copies = first.unionByName(second).drop(P.OLD_KEY)
+    mine = F.struct(own.alias(P.BUCKET), F.lit(True).alias(P.NEW), F.coalesce(old == own, F.lit(False)).alias(P.OLD))
+    theirs = F.when(old.isNotNull() & (old != own), F.struct(old.alias(P.BUCKET), F.lit(False).alias(P.NEW), F.lit(True).alias(P.OLD)))
+    copy = F.explode(F.array_compact(F.array(mine, theirs))).alias("__copy")  # one pass over the keyed events, not a union of two
+    copies = keyed.select(*[F.col(c) for c in events.columns], copy).select(*events.columns, "__copy.*")
     return copies.groupBy(P.BUCKET).applyInArrow(P.bucket_pass(table, decided), schema=lake_spark.spark_schema(P.PARTS))
 
 
@@ -167,9 +146,9 @@ def _dead_letters(spark: SparkSession, config: PlatformConfig, parts: DataFrame,
     from pyspark.sql import functions as F
 
     lines = frame.select("event_id", "line")
-    if count <= LINES_BY_ID:
-        ids = [r["event_id"] for r in decoded_part((parts, lines.limit(0)), P.DEAD, schemas.DEAD_LETTER).select("event_id").collect()]
-        lines = lines.where(F.col("event_id").isin(ids))
+    if count <= LINES_BY_ID:  # the lines of those ids only: a join with all of them would shuffle every line of the table
+        ids = decoded_part((parts, lines.limit(0)), P.DEAD, schemas.DEAD_LETTER).select("event_id").collect()
+        lines = lines.where(F.col("event_id").isin([r["event_id"] for r in ids]))
     dead = decoded_part((parts, lines), P.DEAD, schemas.DEAD_LETTER)
     dl = lake.table_path(config.lake, "dead_letter")
     lake_spark.ensure_table(spark, dl, lake_spark.spark_schema(schemas.DEAD_LETTER))
@@ -187,9 +166,3 @@ def _overwrite(spark: SparkSession, path: Any, frame: DataFrame, schema: pa.Sche
         writer.save(lake_spark.location(path))
 
     lake_spark.with_retries(attempt, what=what)
-
-
-def _remove(spark: SparkSession, location: str) -> None:
-    """Delete the scratch folder (on any file system Spark writes to)."""
-    fs, path = lake_spark.hadoop_file(spark, location)
-    fs.delete(path, True)

@@ -2,44 +2,49 @@
 
 Why two passes. A rebuild gives each column the type its newest events carry, over the table's whole
 history, and folds every key to its last change. The first is a decision over all events; the second
-needs all of one key's events together. So:
+needs all of one key's events together. So, over one pinned version of the raw log:
 
-1. `votes_pass` (`mapInArrow`, any partitioning): fills the keys of events that landed before the table
-   was configured, finds each key change's old key, and summarises what the values say about the
-   column types (`rows.type_votes`). Each partition adds one row holding its summary (`VOTES`); the
-   driver merges those (small: a few entries per column) and decides the types (`decide_types`).
-2. `bucket_pass` (`groupBy(bucket).applyInArrow`): the events bucketed by key, every bucket typed with
-   the decided types and folded by the stage's own code (`change_rows`, the unavailable-value fill,
-   `type_rows`, `last_per_key`, `build_rows`). A key change's event goes to the bucket of its new key
-   and, when it hashes elsewhere, to its old key's too, each copy owning the rows of its key
-   (`NEW`/`OLD`), so a key's rows never leave its bucket.
+1. `votes_pass` (`mapInArrow`, any partitioning): summarises what the values say about the column types
+   (`rows.type_votes`), one row per partition; the driver merges those (small: a few entries per
+   column) and decides the types (`decide_types`).
+2. `keys_pass` (`mapInArrow`, narrow) fills the keys of events that landed before the table was
+   configured and finds each key change's old key; then `bucket_pass` (`groupBy(bucket).applyInArrow`)
+   types every bucket with the decided types and folds it by the stage's own code (`change_rows`, the
+   unavailable-value fill, `type_rows`, `last_per_key`, `build_rows`). A key change's event goes to the
+   bucket of its new key and, when it hashes elsewhere, to its old key's too, each copy owning the rows
+   of its key (`NEW`/`OLD`), so a key's rows never leave its bucket.
 
-A bucket's results (latest-state rows, history rows, dead letters) leave it as Arrow parts
-(`arrow_parts`) in one fixed schema (`PARTS`) and are decoded on the executors into the Delta writes;
-the driver sees counts. A bucket holds about `rebuild.BUCKET_EVENTS` events, whatever the table's past.
+Events are ordered by first arrival (`ARRIVAL_COLUMNS`, as the stream's batches met them): the votes
+compare those columns' values, a bucket sorts its events by them. A bucket's results (latest-state rows,
+history rows, dead letters) leave it as Arrow parts (`arrow_parts`) in one fixed schema (`PARTS`) and are
+decoded on the executors into the Delta writes; the driver sees counts. A bucket holds about
+`rebuild.BUCKET_EVENTS` events, whatever the table's past.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from cdc_platform import unavailable
+from cdc_platform import envelope, unavailable
 from cdc_platform.arrow_parts import chunks
 from cdc_platform.config import TableConfig
 from cdc_platform.latest_state.layout import BASE, LAYER
-from cdc_platform.latest_state.rows import Events, build_rows, change_rows, dead_rows, fill_keys, last_per_key, type_rows, type_votes
+from cdc_platform.latest_state.rows import Events, build_rows, change_rows, dead_rows, fill_keys, image_key, last_per_key, type_rows, type_votes
 from cdc_platform.latest_state.type_votes import TableVotes, merge_votes
 from cdc_platform.stage import dead_letter_rows
 
-#: Columns the passes add: an event's place in first-arrival order, its old key (a key change), the
-#: partition's summary (one extra row per partition), its bucket, and which of its rows a copy owns.
-ARRIVAL, OLD_KEY, VOTES, BUCKET, NEW, OLD = "_arrival", "_old_key", "_votes", "_bucket", "_new", "_old"
+#: Columns the passes add: an event's old key (a key change), a partition's type summary, an event's
+#: bucket, and which of its rows a copy owns.
+OLD_KEY, VOTES, EVENTS, BUCKET, NEW, OLD = "_old_key", "_votes", "_events", "_bucket", "_new", "_old"
 STATE, HISTORY, DEAD, COUNT = "state", "history", "dead", "count"
+#: First-arrival order: the raw log keeps each event's first copy, so ties at one position fold as the stream did.
+ARRIVAL_COLUMNS = ("ingested_at", "kafka_topic", "kafka_partition", "kafka_offset", "event_id")
 
 PARTS = pa.schema([
     pa.field(BUCKET, pa.int32()),
@@ -52,35 +57,66 @@ PARTS = pa.schema([
 #: The raw-log columns the passes read (the original `line` is not among them: the widest column, and
 #: the fold never reads it; dead letters get theirs back by event id).
 COLUMNS = ("event_id", "table_id", "op", "key", "before", "after", "row_schema", "position", "source_ts",
-           "transaction_id", "tx_total_order", "ingested_at", "source_file")
+           "transaction_id", "tx_total_order", "ingested_at", "source_file", "kafka_topic", "kafka_partition", "kafka_offset")
+
+
+def arrival_keys(raw: pa.Table) -> list[tuple[Any, ...]]:
+    """Each event's place in first-arrival order, comparable across partitions (a missing value sorts last)."""
+    columns = [raw.column(c).to_pylist() for c in ARRIVAL_COLUMNS]
+    return [tuple((1, 0) if v is None else (0, v) for v in values) for values in zip(*columns)]
+
+
+def in_arrival_order(raw: pa.Table) -> pa.Table:
+    return raw.take(pc.sort_indices(raw, sort_keys=[(c, "ascending", "at_end") for c in ARRIVAL_COLUMNS]))
 
 
 def votes_pass(table: TableConfig) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Pass 1 (module doc): each batch of events with its key filled and its old key, then the partition's votes."""
+    """Pass 1 (module doc): a partition's events -> one row holding their type votes (`VOTES`, pickled)
+    and how many they were (`EVENTS`)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: list[TableVotes] = []
-        schema: pa.Schema | None = None
+        count = 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             raw = pa.Table.from_batches([batch])
-            filled = fill_keys(raw, table.key)
-            events = Events(filled)
+            count += raw.num_rows
+            events = Events(fill_keys(raw, table.key))
             rows, _ = change_rows(events, table.key)
-            old: list[str | None] = [None] * len(events)
-            for r in rows:
-                if r.sub == 0:
-                    old[r.event] = r.key
             unavailable.strip_placeholders(rows, events)
-            found.append(type_votes(rows, events, table, events.col(ARRIVAL)))
-            out = filled.append_column(OLD_KEY, pa.array(old, pa.string())).append_column(VOTES, pa.nulls(len(events), pa.binary()))
-            schema = out.schema
-            yield from out.to_batches()
-        if schema is not None:
-            summary = {f.name: pa.nulls(1, f.type) for f in schema}
-            summary[VOTES] = pa.array([pickle.dumps(merge_votes(found), protocol=pickle.HIGHEST_PROTOCOL)], pa.binary())
-            yield pa.RecordBatch.from_pydict(summary, schema=schema)
+            found.append(type_votes(rows, events, table, arrival_keys(raw)))
+        if found:
+            yield pa.RecordBatch.from_pydict({VOTES: pa.array([pickle.dumps(merge_votes(found), protocol=pickle.HIGHEST_PROTOCOL)], pa.binary()),
+                                              EVENTS: pa.array([count], pa.int64())})
+
+    return run
+
+
+def old_keys(raw: pa.Table, key_columns: Sequence[str]) -> list[str | None]:
+    """The key an update moved its row away from (its `before` image's key, when that differs), as
+    `change_rows` finds it for the old key's tombstone; None for every other event."""
+    out: list[str | None] = [None] * raw.num_rows
+    ops, keys, befores = (raw.column(c).to_pylist() for c in ("op", "key", "before"))
+    for i, (op, key, before) in enumerate(zip(ops, keys, befores)):
+        if op != "u" or key is None or before is None:
+            continue
+        try:
+            old = image_key(envelope.loads_json(before), key_columns)
+        except ValueError:
+            continue  # the stage dead-letters the event; it has no old key to tombstone
+        if old is not None and old != key:
+            out[i] = old
+    return out
+
+
+def keys_pass(table: TableConfig) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Before the shuffle: each event with its key filled (`fill_keys`) and its old key when it changes the key."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            raw = fill_keys(pa.Table.from_batches([batch]), table.key)
+            yield from raw.append_column(OLD_KEY, pa.array(old_keys(raw, table.key), pa.string())).to_batches()
 
     return run
 
@@ -100,10 +136,10 @@ def bucket_pass(table: TableConfig, decided: Mapping[str, pa.DataType]) -> Calla
 
 def fold_bucket(table: TableConfig, decided: Mapping[str, pa.DataType], bucket: int, rows: pa.Table) -> list[dict[str, Any]]:
     """Type and fold one bucket's events the way the stage does, with the types decided over the history."""
-    raw = rows.sort_by(ARRIVAL)
+    raw = in_arrival_order(rows)
     raw = raw.append_column("line", pa.nulls(raw.num_rows, pa.string()))
     events = Events(raw)
-    new, old, arrival = events.col(NEW), events.col(OLD), events.col(ARRIVAL)
+    new, old = events.col(NEW), events.col(OLD)
     changes, bad = change_rows(events, table.key)
     typed, _, _ = unavailable.resolve_batch(changes, events, lambda: type_rows(changes, events, {}, table, decided=decided), table.key, None)
     for e, code, reason in bad:
@@ -122,8 +158,8 @@ def fold_bucket(table: TableConfig, decided: Mapping[str, pa.DataType], bucket: 
     history_rows = 0
     if table.history:
         history = build_rows(typed, events, live, table.key, seq=0, history=True)
-        # first-arrival order over the whole history (the stage's is within its batch), a key change's tombstone first
-        order = pa.array([2 * arrival[changes[i].event] + changes[i].sub for i in live], pa.int64())
+        # first-arrival order within the bucket, a key change's tombstone first: the views compare it within a key
+        order = pa.array([2 * changes[i].event + changes[i].sub for i in live], pa.int64())
         history = history.set_column(history.schema.get_field_index("_batch_order"), "_batch_order", order)
         history_rows = history.num_rows
         out += _parts(bucket, HISTORY, history)
