@@ -291,7 +291,7 @@ def _drop_reserved(order: dict[str, None], images: list[dict[str, Any] | None], 
         del order[col]
 
 
-def _newness(events: Events, arrival: Sequence[int] | None) -> Any:
+def _newness(events: Events, arrival: Sequence[Any] | None) -> Any:
     """Source order of an event by its index: position, then transaction order, then arrival (`arrival[e]`,
     else the index itself: a batch's events are in arrival order)."""
     pos, tx = events.col("position"), events.col("tx_total_order")
@@ -318,9 +318,10 @@ def _votes(groups: Mapping[pa.DataType, list[int]], newness: Any, events_of: lis
     return out
 
 
-def type_votes(rows: list[ChangeRow], events: Events, table: TableConfig, arrival: Sequence[int] | None = None) -> TableVotes:
+def type_votes(rows: list[ChangeRow], events: Events, table: TableConfig, arrival: Sequence[Any] | None = None) -> TableVotes:
     """What the rows' values say about each column's type (`type_votes.decide_types` decides), over the rows
-    of one part of a table's history; `arrival[e]` orders event `e` among all the parts' events.
+    of one part of a table's history; `arrival[e]` orders event `e` among all the parts' events (any
+    comparable value; by default its index).
 
     Events with a value that is bad by itself (not what its declared type says, two names equal but for
     case, a reserved name) vote for no column: they are dead letters whatever the types turn out to be.

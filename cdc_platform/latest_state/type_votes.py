@@ -21,10 +21,11 @@ import pyarrow as pa
 
 from cdc_platform.latest_state.connect_types import join_types
 
-#: Source order of an event: (position or "", transaction order or -1, arrival).
-Newness = tuple[str, int, int]
+#: Source order of an event: (position or "", transaction order or -1, arrival). Arrival is the event's
+#: index within a batch, or a rebuild's tuple of first-arrival columns (`rebuild_parts.arrival_keys`).
+Newness = tuple[str, int, Any]
 #: Where a name was first seen: (arrival of its event, key-change step, place in the row image).
-FirstSeen = tuple[int, int, int]
+FirstSeen = tuple[Any, int, int]
 
 _INT_RANGES = {pa.int8(): 2**7, pa.int16(): 2**15, pa.int32(): 2**31, pa.int64(): 2**63}
 
