@@ -157,10 +157,9 @@ def fold_bucket(table: TableConfig, decided: Mapping[str, pa.DataType], bucket: 
     out = _parts(bucket, STATE, state)
     history_rows = 0
     if table.history:
+        # `_batch_order` is the row's place in the bucket (first arrival, a key change's tombstone first), as in
+        # a stream's batch: the views compare it within a key and position only
         history = build_rows(typed, events, live, table.key, seq=0, history=True)
-        # first-arrival order within the bucket, a key change's tombstone first: the views compare it within a key
-        order = pa.array([2 * changes[i].event + changes[i].sub for i in live], pa.int64())
-        history = history.set_column(history.schema.get_field_index("_batch_order"), "_batch_order", order)
         history_rows = history.num_rows
         out += _parts(bucket, HISTORY, history)
     dead = {e: why for e, why in typed.dead.items() if new[e]}  # once, by the copy in the event's own bucket
