@@ -293,10 +293,11 @@ def _drop_reserved(order: dict[str, None], images: list[dict[str, Any] | None], 
 
 def _newness(events: Events, arrival: Sequence[Any] | None) -> Any:
     """Source order of an event by its index: position, then transaction order, then arrival (`arrival[e]`,
-    else the index itself: a batch's events are in arrival order)."""
-    pos, tx = events.col("position"), events.col("tx_total_order")
+    else the index itself: a batch's events are in arrival order). The columns become Python lists only
+    when a first event is asked about: a batch whose columns each come in one type never asks."""
 
     def newness(e: int) -> Newness:
+        pos, tx = events.col("position"), events.col("tx_total_order")  # cached by `Events` after the first call
         return (pos[e] or "", tx[e] if tx[e] is not None else -1, arrival[e] if arrival is not None else e)
 
     return newness
