@@ -4,13 +4,16 @@ Why: a stage's group function (`applyInArrow`) must return one fixed Spark schem
 several tables of their own shapes (a source table's rows, dead letters, transactions, ...). Each is
 encoded as Arrow IPC streams of bounded size (`chunks`) into a `payload` column, stays on the
 executors, and is decoded there again (`decoder`, in `mapInArrow`) straight into the Delta write.
-Used by `latest_state.staging` and `transactions.buckets`.
+Used by `latest_state.staging`, `transactions.buckets` and `latest_state.rebuild_parts`; the two stages
+that group by bucket share one shape of part rows (`BUCKET_PARTS`, `part_row`, `part_rows`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+import json
 
 import pyarrow as pa
 
@@ -36,6 +39,28 @@ def chunks(rows: pa.Table | None, size: int = CHUNK_ROWS) -> list[bytes]:
     if rows is None or rows.num_rows == 0:
         return []
     return [encode(rows.slice(start, size)) for start in range(0, rows.num_rows, size)]
+
+
+#: The rows a bucketed group function returns: each is one part of the bucket's result, its rows encoded
+#: in `payload` (`chunks`), or a small JSON `info` for the driver.
+BUCKET_PARTS = pa.schema([
+    pa.field("bucket", pa.int32()),
+    pa.field("part", pa.string()),
+    pa.field("chunk", pa.int32()),
+    pa.field("payload", pa.binary()),
+    pa.field("info", pa.string()),
+])
+
+
+def part_row(bucket: int, part: str, chunk: int = 0, payload: bytes | None = None, info: Any = None) -> dict[str, Any]:
+    """One `BUCKET_PARTS` row."""
+    return {"bucket": bucket, "part": part, "chunk": chunk, "payload": payload,
+            "info": None if info is None else json.dumps(info, sort_keys=True)}
+
+
+def part_rows(bucket: int, part: str, rows: pa.Table | None) -> list[dict[str, Any]]:
+    """`rows` as `BUCKET_PARTS` rows of one part, a chunk each (none for no rows)."""
+    return [part_row(bucket, part, i, payload) for i, payload in enumerate(chunks(rows))]
 
 
 def decoder(schema: pa.Schema, constants: Mapping[str, Any] | None = None) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

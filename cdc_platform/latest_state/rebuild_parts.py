@@ -23,7 +23,6 @@ decoded on the executors into the Delta writes; the driver sees counts. A bucket
 
 from __future__ import annotations
 
-import json
 import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -32,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_platform import envelope, unavailable
-from cdc_platform.arrow_parts import chunks
+from cdc_platform.arrow_parts import BUCKET_PARTS, part_row, part_rows
 from cdc_platform.config import TableConfig
 from cdc_platform.latest_state.layout import BASE, LAYER
 from cdc_platform.latest_state.rows import Events, build_rows, change_rows, dead_rows, fill_keys, image_key, last_per_key, type_rows, type_votes
@@ -41,18 +40,12 @@ from cdc_platform.stage import dead_letter_rows
 
 #: Columns the passes add: an event's old key (a key change), a partition's type summary, an event's
 #: bucket, and which of its rows a copy owns.
-OLD_KEY, VOTES, EVENTS, BUCKET, NEW, OLD = "_old_key", "_votes", "_events", "_bucket", "_new", "_old"
+OLD_KEY, VOTES, EVENTS, BUCKET, NEW, OLD = "_old_key", "_votes", "_events", "bucket", "_new", "_old"
 STATE, HISTORY, DEAD, COUNT = "state", "history", "dead", "count"
 #: First-arrival order: the raw log keeps each event's first copy, so ties at one position fold as the stream did.
 ARRIVAL_COLUMNS = ("ingested_at", "kafka_topic", "kafka_partition", "kafka_offset", "event_id")
 
-PARTS = pa.schema([
-    pa.field(BUCKET, pa.int32()),
-    pa.field("part", pa.string()),
-    pa.field("chunk", pa.int32()),
-    pa.field("payload", pa.binary()),
-    pa.field("info", pa.string()),
-])
+PARTS = BUCKET_PARTS
 
 #: The raw-log columns the passes read (the original `line` is not among them: the widest column, and
 #: the fold never reads it; dead letters get theirs back by event id).
@@ -154,21 +147,17 @@ def fold_bucket(table: TableConfig, decided: Mapping[str, pa.DataType], bucket: 
     markers = [i for i in live if changes[i].key is None]
     state = build_rows(typed, events, sorted(winners + markers), table.key, seq=0)
     state = state.set_column(state.schema.get_field_index(LAYER), LAYER, pa.array([BASE] * state.num_rows, pa.string()))
-    out = _parts(bucket, STATE, state)
+    out = part_rows(bucket, STATE, state)
     history_rows = 0
     if table.history:
         # `_batch_order` is the row's place in the bucket (first arrival, a key change's tombstone first), as in
         # a stream's batch: the views compare it within a key and position only
         history = build_rows(typed, events, live, table.key, seq=0, history=True)
         history_rows = history.num_rows
-        out += _parts(bucket, HISTORY, history)
+        out += part_rows(bucket, HISTORY, history)
     dead = {e: why for e, why in typed.dead.items() if new[e]}  # once, by the copy in the event's own bucket
     if dead:
-        out += _parts(bucket, DEAD, dead_letter_rows(dead_rows(events, dead), stage="rebuild", batch_id=None))
+        out += part_rows(bucket, DEAD, dead_letter_rows(dead_rows(events, dead), stage="rebuild", batch_id=None))
     info = {"state": state.num_rows, "markers": len(markers), "history": history_rows, "dead": len(dead)}
-    out.append({BUCKET: bucket, "part": COUNT, "chunk": 0, "payload": None, "info": json.dumps(info)})
+    out.append(part_row(bucket, COUNT, info=info))
     return out
-
-
-def _parts(bucket: int, part: str, rows: pa.Table) -> list[dict[str, Any]]:
-    return [{BUCKET: bucket, "part": part, "chunk": i, "payload": payload, "info": None} for i, payload in enumerate(chunks(rows))]

@@ -26,7 +26,6 @@ tests compare with `step`.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_platform import schemas
-from cdc_platform.arrow_parts import chunks
+from cdc_platform.arrow_parts import BUCKET_PARTS, part_row, part_rows
 from cdc_platform.stage import ParsedBatch, StageFailure, describe_error, prepare_isolated, summed
 from cdc_platform.transactions.aggregation import (
     Clocks,
@@ -74,13 +73,7 @@ from cdc_platform.transactions.watermark import (
     reduce_candidates,
 )
 
-PARTS = pa.schema([
-    pa.field("bucket", pa.int32()),
-    pa.field("part", pa.string()),
-    pa.field("chunk", pa.int32()),
-    pa.field("payload", pa.binary()),
-    pa.field("info", pa.string()),
-])
+PARTS = BUCKET_PARTS
 STATE, COMPLETED_PART, INCOMPLETE_PART, LATE_PART, CANDIDATES_PART, SUMMARY, POISON, FAILURE = (
     "state", "completed", "incomplete", "late", "candidates", "summary", "poison", "failure")
 #: What each encoded part holds.
@@ -174,11 +167,6 @@ def fold_bucket(ctx: FoldContext, state_rows: pa.Table, events: pa.Table, marker
 
 # --- on the executors ----------------------------------------------------------------------------------
 
-def _row(bucket: int, part: str, chunk: int = 0, payload: bytes | None = None, info: Any = None) -> dict[str, Any]:
-    return {"bucket": bucket, "part": part, "chunk": chunk, "payload": payload,
-            "info": None if info is None else json.dumps(info, sort_keys=True)}
-
-
 def bucket_parts(ctx: FoldContext, bucket: int, state_rows: pa.Table, arrivals: pa.Table) -> pa.Table:
     """One group -> its `PARTS` rows (see the module doc). `arrivals` holds events and markers (`KIND`)."""
     try:
@@ -187,14 +175,14 @@ def bucket_parts(ctx: FoldContext, bucket: int, state_rows: pa.Table, arrivals: 
         markers = _conform(arrivals.filter(pc.equal(kind, MARKER)), MARKER_INPUT)
         result = fold_bucket(ctx, state_rows, events, markers)
     except StageFailure as failure:
-        return pa.Table.from_pylist([_row(bucket, FAILURE, info={"message": str(failure)})], schema=PARTS)
+        return pa.Table.from_pylist([part_row(bucket, FAILURE, info={"message": str(failure)})], schema=PARTS)
     s = result.settled
     summary = {"blocks": result.blocks.to_json(), "figures": settled_figures(s), "state_rows": s.still_open.num_rows + s.kept_finished.num_rows}
-    out = [_row(bucket, SUMMARY, info=summary)]
-    out += [_row(bucket, POISON, info=p) for p in result.poison]
+    out = [part_row(bucket, SUMMARY, info=summary)]
+    out += [part_row(bucket, POISON, info=p) for p in result.poison]
     for part, rows in ((STATE, pa.concat_tables([s.still_open, s.kept_finished])), (COMPLETED_PART, s.completed),
                        (INCOMPLETE_PART, s.incomplete), (LATE_PART, s.late), (CANDIDATES_PART, result.candidates)):
-        out += [_row(bucket, part, i, payload) for i, payload in enumerate(chunks(rows))]
+        out += part_rows(bucket, part, rows)
     return pa.Table.from_pylist(out, schema=PARTS)
 
 
