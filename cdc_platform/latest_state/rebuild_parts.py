@@ -34,7 +34,7 @@ from cdc_platform import envelope, unavailable
 from cdc_platform.arrow_parts import BUCKET_PARTS, part_row, part_rows
 from cdc_platform.config import TableConfig
 from cdc_platform.latest_state.layout import BASE, LAYER
-from cdc_platform.latest_state.rows import Events, build_rows, change_rows, dead_rows, fill_keys, image_key, last_per_key, type_rows, type_votes
+from cdc_platform.latest_state.rows import Events, build_rows, change_rows, dead_rows, fill_keys, last_per_key, moved_from, type_rows, type_votes
 from cdc_platform.latest_state.type_votes import TableVotes, merge_votes
 from cdc_platform.stage import dead_letter_rows
 
@@ -95,11 +95,9 @@ def old_keys(raw: pa.Table, key_columns: Sequence[str]) -> list[str | None]:
         if op != "u" or key is None or before is None:
             continue
         try:
-            old = image_key(envelope.loads_json(before), key_columns)
+            out[i] = moved_from(envelope.loads_json(before), key, key_columns)
         except ValueError:
             continue  # the stage dead-letters the event; it has no old key to tombstone
-        if old is not None and old != key:
-            out[i] = old
     return out
 
 

@@ -105,6 +105,13 @@ def image_key(image: Any, key_columns: Sequence[str]) -> str | None:
     return None
 
 
+def moved_from(before: Any, key: str, key_columns: Sequence[str]) -> str | None:
+    """The key an update moved its row away from: its `before` image's key when that differs from the event's
+    own `key`, else None. The stage tombstones it (`change_rows`); a rebuild also buckets the event by it."""
+    old = image_key(before, key_columns)
+    return old if old is not None and old != key else None
+
+
 def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[ChangeRow], list[tuple[int, str, str]]]:
     """Turn raw events into change rows; also return (event, reason_code, reason) for unusable ones."""
     ops, keys, befores, afters = events.col("op"), events.col("key"), events.col("before"), events.col("after")
@@ -130,8 +137,8 @@ def change_rows(events: Events, key_columns: Sequence[str]) -> tuple[list[Change
             bad.append((i, "missing_after", f"op {op!r} without a usable `after` row image"))
             continue
         if op == "u" and befores[i] is not None:
-            old = image_key(_loads(befores[i]), key_columns)
-            if old is not None and old != key:
+            old = moved_from(_loads(befores[i]), key, key_columns)
+            if old is not None:
                 rows.append(ChangeRow(i, old, "u", True, _loads(old), 0))
         rows.append(ChangeRow(i, key, op, False, after, 1))
     return rows, bad
