@@ -101,9 +101,7 @@ def compact(path: Path, table: TableConfig, spark: SparkSession | None = None) -
     if truncate_now and new_marker is not None:
         _truncate_base(spark, path, new_marker, table.key, src_cols)  # every stored row below the new truncate
         report.truncated = True
-        marker_row = delta.where(key_condition(table.key, null=True) & (F.col("_op") == "t") & (F.col("_position") == new_marker["_position"])
-                                 & (F.col("_event_id") == new_marker["_event_id"])).limit(1)
-        changes = changes.unionByName(marker_row)
+        changes = changes.unionByName(marker_row(delta, table.key, new_marker))
     source = changes.withColumn(LAYER, F.lit(BASE))
     on = " AND ".join(f"t.{lake.quote_identifier(k)} = s.{lake.quote_identifier(k)}" for k in table.key)
 
@@ -131,6 +129,14 @@ def compact(path: Path, table: TableConfig, spark: SparkSession | None = None) -
 def _newest(markers: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The marker with the highest `_position`."""
     return max(markers, key=lambda m: m["_position"]) if markers else None
+
+
+def marker_row(rows: DataFrame, key: Sequence[str], marker: Mapping[str, Any]) -> DataFrame:
+    """The row of truncate `marker` (by its position and event id) among `rows`, once."""
+    from pyspark.sql import functions as F
+
+    return rows.where(key_condition(key, null=True) & (F.col("_op") == "t") & (F.col("_position") == marker["_position"])
+                      & (F.col("_event_id") == marker["_event_id"])).limit(1)
 
 
 def tombstone_below(rows: DataFrame, cut: Mapping[str, Any], key: Sequence[str], src_cols: Sequence[str]) -> DataFrame:

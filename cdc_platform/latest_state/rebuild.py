@@ -27,7 +27,7 @@ from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.errors import LakeError
 from cdc_platform.latest_state import rebuild_parts as P
 from cdc_platform.latest_state.apply import decoded_part
-from cdc_platform.latest_state.compaction import key_condition, tombstone_below
+from cdc_platform.latest_state.compaction import key_condition, marker_row, tombstone_below
 from cdc_platform.latest_state.layout import LAYER
 from cdc_platform.latest_state.rows import history_schema, state_schema
 from cdc_platform.latest_state.type_votes import decide_types
@@ -138,7 +138,7 @@ def _truncated(state: DataFrame, table: TableConfig, columns: list[str]) -> Data
     markers = state.where(key_condition(table.key, null=True))
     newest = markers.orderBy(F.col("_position").desc(), F.col("_event_id")).limit(1).collect()[0].asDict()
     keyed = tombstone_below(state.where(key_condition(table.key, null=False)), newest, table.key, columns)
-    return keyed.unionByName(markers.where((F.col("_position") == newest["_position"]) & (F.col("_event_id") == newest["_event_id"])).limit(1))
+    return keyed.unionByName(marker_row(markers, table.key, newest))
 
 
 def _dead_letters(spark: SparkSession, config: PlatformConfig, parts: DataFrame, frame: DataFrame, count: int) -> None:
