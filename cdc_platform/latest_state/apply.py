@@ -322,11 +322,12 @@ class _Staged:
             staged.unpersist()
 
 
-def decoded_part(frame: tuple[DataFrame, DataFrame], part: str, schema: pa.Schema, *, seq: int | None = None) -> DataFrame:
+def decoded_part(frame: tuple[DataFrame, DataFrame | None], part: str, schema: pa.Schema, *, seq: int | None = None) -> DataFrame:
     """One part of staged rows (a `part` and an Arrow `payload` column, `arrow_parts`) as a DataFrame of
     `schema`, decoded on the executors; the rebuild's parts too.
 
-    Dead letters get their `line` back from the events by event id (it stayed out of the shuffle).
+    Dead letters get their `line` back from the events by event id (it stayed out of the shuffle); without
+    events (None) they are decoded as they are.
     """
     from pyspark.sql import functions as F
 
@@ -334,7 +335,7 @@ def decoded_part(frame: tuple[DataFrame, DataFrame], part: str, schema: pa.Schem
     rows = staged.where(F.col("part") == part).select("payload")
     constants = {"_seq": seq} if seq is not None else None
     decoded = rows.mapInArrow(arrow_parts.decoder(schema, constants), lake_spark.spark_schema(schema))
-    if part != staging.DEAD:
+    if part != staging.DEAD or events is None:
         return decoded
     lines = events.select(F.col("event_id").alias("__id"), F.col("line").alias("__line"))  # one row per id (split)
     joined = decoded.join(lines, decoded["event_id"] == lines["__id"], "left")

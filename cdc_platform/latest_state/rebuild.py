@@ -147,7 +147,7 @@ def _dead_letters(spark: SparkSession, config: PlatformConfig, parts: DataFrame,
 
     lines = frame.select("event_id", "line")
     if count <= LINES_BY_ID:  # the lines of those ids only: a join with all of them would shuffle every line of the table
-        ids = decoded_part((parts, lines.limit(0)), P.DEAD, schemas.DEAD_LETTER).select("event_id").collect()
+        ids = decoded_part((parts, None), P.DEAD, schemas.DEAD_LETTER).select("event_id").collect()
         lines = lines.where(F.col("event_id").isin([r["event_id"] for r in ids]))
     dead = decoded_part((parts, lines), P.DEAD, schemas.DEAD_LETTER)
     dl = lake.table_path(config.lake, "dead_letter")
