@@ -159,3 +159,17 @@ def test_the_suites_session_keeps_both_jit_tiers_and_its_children_start_with_the
     assert defaults == {"spark.driver.extraJavaOptions": quick, "spark.executor.extraJavaOptions": quick}
     package_logging = resources.files("cdc_platform").joinpath("spark_conf", "log4j2.properties").read_bytes()
     assert (folder / "log4j2.properties").read_bytes() == package_logging  # the children stay as quiet as a user's run
+
+
+def test_a_query_with_a_shuffle_runs_as_one_spark_job(spark: Any) -> None:
+    """With adaptive query execution each stage of a shuffled query is a job of its own, planned again after
+    the one before: a third of a small batch's jobs. The session runs it as one (`session.py`)."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform import spark_jobs
+    from tests.cdc_platform.test_spark_jobs import tagged_jobs
+
+    with spark_jobs.labelled("test-one-job", "a grouped count"):
+        rows = spark.range(100).groupBy((F.col("id") % 3).alias("k")).count().collect()
+    assert sorted(r["count"] for r in rows) == [33, 33, 34]
+    assert len(tagged_jobs(spark, "test-one-job")) == 1
