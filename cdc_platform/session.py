@@ -202,8 +202,8 @@ def get_spark(
         # Adaptive query execution runs every stage of a query with a shuffle as a job of its own and plans
         # the rest again after each: a small steady batch ran 65 jobs with it and 44 without, 9.12 s against
         # 7.62 s and 15.5 s of CPU against 13.4 (benchmarks/README.md, "Adaptive query execution off"). What
-        # it adapts to is not here: two shuffle partitions leave nothing to coalesce, and the joins that
-        # meet a small side broadcast it by hint. Batches of 100,000 events took the same time either way.
+        # it adapts to is not here: two shuffle partitions leave nothing to coalesce, and the joins whose
+        # small side is known in advance broadcast it by hint. Batches of 100,000 events took the same time.
         # A cluster that raises the shuffle partitions may want it back (README, "On a cluster").
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.catalogImplementation", "in-memory")
