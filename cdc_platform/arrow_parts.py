@@ -5,15 +5,15 @@ several tables of their own shapes (a source table's rows, dead letters, transac
 encoded as Arrow IPC streams of bounded size (`chunks`) into a `payload` column, stays on the
 executors, and is decoded there again (`decoder`, in `mapInArrow`) straight into the Delta write.
 Used by `latest_state.staging`, `transactions.buckets` and `latest_state.rebuild_parts`; the two stages
-that group by bucket share one shape of part rows (`BUCKET_PARTS`, `part_row`, `part_rows`).
+that group by bucket share one shape of part rows (`BUCKET_PARTS`, `part_row`, `part_rows`), and the
+latest-state stage's differ only in their group column (`parts_schema`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-
-import json
 
 import pyarrow as pa
 
@@ -41,15 +41,20 @@ def chunks(rows: pa.Table | None, size: int = CHUNK_ROWS) -> list[bytes]:
     return [encode(rows.slice(start, size)) for start in range(0, rows.num_rows, size)]
 
 
-#: The rows a bucketed group function returns: each is one part of the bucket's result, its rows encoded
-#: in `payload` (`chunks`), or a small JSON `info` for the driver.
-BUCKET_PARTS = pa.schema([
-    pa.field("bucket", pa.int32()),
-    pa.field("part", pa.string()),
-    pa.field("chunk", pa.int32()),
-    pa.field("payload", pa.binary()),
-    pa.field("info", pa.string()),
-])
+def parts_schema(group: pa.Field) -> pa.Schema:
+    """The rows a group function returns, after its group's own column: each is one part of the group's
+    result, its rows encoded in `payload` (`chunks`), or a small JSON `info` for the driver."""
+    return pa.schema([
+        group,
+        pa.field("part", pa.string()),
+        pa.field("chunk", pa.int32()),
+        pa.field("payload", pa.binary()),
+        pa.field("info", pa.string()),
+    ])
+
+
+#: The part rows of the stages that group by a hashed bucket (the transactions' and the rebuild's).
+BUCKET_PARTS = parts_schema(pa.field("bucket", pa.int32()))
 
 
 def part_row(bucket: int, part: str, chunk: int = 0, payload: bytes | None = None, info: Any = None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform import schemas
-from cdc_platform.arrow_parts import chunks, encode
+from cdc_platform.arrow_parts import chunks, encode, parts_schema
 from cdc_platform.config import TableConfig
 from cdc_platform.stage import ParsedBatch, StageFailure, dead_letter_rows, poison_rows, prepare_isolated
 
@@ -48,13 +48,7 @@ TablePlan = Any
 #: The input order of an event within its batch (the parser's `_seq`); the group is sorted by it.
 ORDER = "_seq"
 
-STAGED = pa.schema([
-    pa.field("table_id", pa.string()),
-    pa.field("part", pa.string()),
-    pa.field("chunk", pa.int32()),
-    pa.field("payload", pa.binary()),
-    pa.field("info", pa.string()),
-])
+STAGED = parts_schema(pa.field("table_id", pa.string()))
 PLAN, STATE, HISTORY, DEAD, NEED, FAILURE = "plan", "state", "history", "dead", "need", "failure"
 
 #: The figures of one table's batch, in `plan` rows' info and the stage's metrics.
