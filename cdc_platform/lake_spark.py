@@ -17,6 +17,7 @@ The rules every writer keeps:
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +80,34 @@ def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema) -> DataFr
     return spark.createDataFrame(data.select(schema.names).cast(schema), schema=spark_schema(schema))
 
 
+#: The checkpoint intervals a table draws from (`checkpoint_interval`): primes, so that two tables drawing
+#: different ones checkpoint in the same batch only once every product of the two (143 batches or more).
+CHECKPOINT_INTERVALS = (11, 13, 17, 19, 23, 29)
+
+
+def checkpoint_interval(name: str) -> int:
+    """The `delta.checkpointInterval` a new table of this name gets: one of `CHECKPOINT_INTERVALS`, by a
+    stable hash of the name.
+
+    Delta checkpoints a table after a commit whose version is a multiple of its interval (default 10),
+    ~1 s of a busy two-core machine each. A stream commits to each of its tables once a batch, and a
+    lake's tables are created together, so at one interval every table checkpointed in the same batch:
+    every tenth small steady batch took 15-18 s against ~9.5 (benchmarks/README.md, "Staggered
+    checkpoints"). Drawn intervals spread them over the batches. Longer ones cost a batch nothing here:
+    a guarded append replaying up to 49 commits of JSON cost less than one reading a checkpoint and up
+    to 9 (0.61-0.69 s against 0.72-0.81 s). A reader opening the table cold reads at most 28 commit
+    files after the checkpoint instead of 9.
+    """
+    return CHECKPOINT_INTERVALS[zlib.crc32(name.encode()) % len(CHECKPOINT_INTERVALS)]
+
+
 def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
     """Create the table if it does not exist; add the nullable columns `schema` has and an existing table lacks.
 
     The platform's own tables gain columns between versions (the raw log's Kafka origin, say); a lake
     made before gets them as one metadata commit, its rows reading null there. A missing column that
-    must not be null cannot be added that way, and says so.
+    must not be null cannot be added that way, and says so. A new table gets its checkpoint interval
+    (`checkpoint_interval`); an existing one keeps whatever it has.
     """
     from delta.tables import DeltaTable
 
@@ -92,7 +115,9 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
 
     from pyspark.errors import AnalysisException
 
-    builder = DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
+    name = str(path).rstrip("/").rsplit("/", 1)[-1]
+    builder = (DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
+               .property("delta.checkpointInterval", str(checkpoint_interval(name))))
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
     try:

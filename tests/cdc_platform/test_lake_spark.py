@@ -47,6 +47,42 @@ def test_ensure_tables_creates_each_table_once_side_by_side(spark: Any, tmp_path
         assert spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["partitionColumns"] == list(partition_by)
 
 
+def test_a_new_table_checkpoints_at_its_drawn_interval_and_an_old_one_keeps_its_own(spark: Any, tmp_path: Path) -> None:
+    """Delta checkpoints at a multiple of the table's interval: one that drew 11 has no checkpoint at
+    Delta's default 10 and one at 11. A table made before (Delta's default) is left as it is."""
+    from pyspark.sql.types import StructType
+
+    name = next(n for n in (f"t{i}" for i in range(100)) if lake_spark.checkpoint_interval(n) == 11)
+    path = tmp_path / name
+    lake_spark.ensure_table(spark, path, StructType.fromDDL(SCHEMA), ["event_date"])
+    for batch in range(9):  # versions 1-9 by delta-rs (fast), 10 and 11 by delta-spark, which checkpoints
+        _rs_append(path, _rs_rows((f"e{batch}", batch)), "q:t", batch)
+    for batch in (9, 10):
+        assert lake_spark.append_once(spark.createDataFrame([(f"e{batch}", D1, batch)], SCHEMA), path, "q:t", batch)
+    log = path / "_delta_log"
+    assert not (log / f"{10:020d}.checkpoint.parquet").exists(), "not at Delta's default interval"
+    assert (log / f"{11:020d}.checkpoint.parquet").is_file()
+
+    old = tmp_path / name.upper()
+    spark.sql(f"CREATE TABLE delta.`{old}` ({SCHEMA}) USING delta")
+    lake_spark.ensure_table(spark, old, StructType.fromDDL(SCHEMA))
+    assert "delta.checkpointInterval" not in spark.sql(f"DESCRIBE DETAIL delta.`{old}`").first()["properties"]
+    assert lake_spark.version(spark, old) == 0, "no commit to an existing table"
+
+
+def test_the_tables_a_batch_writes_checkpoint_in_different_batches() -> None:
+    """Every table of the sample lake at one interval checkpointed in the same batch, every tenth; drawn
+    intervals leave fewer than half of them checkpointing together in 99 batches of 100."""
+    from cdc_platform import generate
+    from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW
+    from cdc_platform.transactions.schemas import INCOMPLETE, LATE, OPEN_TRANSACTIONS, TRANSACTIONS, WATERMARK
+
+    names = [RAW, MARKERS, METRICS, DEAD_LETTER, TRANSACTIONS, INCOMPLETE, LATE, OPEN_TRANSACTIONS, WATERMARK, *generate.TABLES]
+    together = sorted(sum(1 for n in names if version % lake_spark.checkpoint_interval(n) == 0) for version in range(1, 3001))
+    assert together[int(len(together) * 0.99)] < len(names) / 2
+    assert sum(together) < len(together) * len(names) / 10, "fewer checkpoints than at Delta's default of 10"
+
+
 @pytest.mark.parametrize("stub", ["empty log", "temp file and empty folder"])
 def test_a_table_whose_creation_was_killed_is_created_on_the_next_start(spark: Any, tmp_path: Path, stub: str) -> None:
     """A SIGKILL between Delta making `_delta_log` and its first commit must not leave the lake stuck (CI crash trial)."""
