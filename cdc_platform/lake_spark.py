@@ -92,11 +92,11 @@ def checkpoint_interval(name: str) -> int:
     Delta checkpoints a table after a commit whose version is a multiple of its interval (default 10),
     ~1 s of a busy two-core machine each. A stream commits to each of its tables once a batch, and a
     lake's tables are created together, so at one interval every table checkpointed in the same batch:
-    every tenth small steady batch took 15-18 s against ~9.5 (benchmarks/README.md, "Staggered
+    every tenth small steady batch took 13.6-18.2 s against ~9.5 (benchmarks/README.md, "Staggered
     checkpoints"). Drawn intervals spread them over the batches. Longer ones cost a batch nothing here:
     a guarded append replaying up to 49 commits of JSON cost less than one reading a checkpoint and up
-    to 9 (0.61-0.69 s against 0.72-0.81 s). A reader opening the table cold reads at most 28 commit
-    files after the checkpoint instead of 9.
+    to 9 (means of 0.63-0.71 s against 0.74-0.81 s). A reader opening the table cold reads at most 28
+    commit files after the checkpoint instead of 9.
     """
     return CHECKPOINT_INTERVALS[zlib.crc32(name.encode()) % len(CHECKPOINT_INTERVALS)]
 
