@@ -115,9 +115,8 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
 
     from pyspark.errors import AnalysisException
 
-    name = str(path).rstrip("/").rsplit("/", 1)[-1]
     builder = (DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
-               .property("delta.checkpointInterval", str(checkpoint_interval(name))))
+               .property("delta.checkpointInterval", str(checkpoint_interval(Path(str(path)).name))))
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
     try:
