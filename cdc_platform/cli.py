@@ -313,7 +313,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     from cdc_platform.lake import registered_tables
-    from cdc_platform.maintenance import maintain
+    from cdc_platform.maintenance import maintain, selected_tables
 
     from cdc_platform.config import resolve_config_path
     from cdc_platform.errors import ConfigError, LakeError
@@ -332,9 +332,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         raise ConfigError("cdc maintain needs the lake: pass --lake DIR, or --config FILE (or set CDC_CONFIG)")
     if not lake_dir.is_dir():  # before starting Spark for nothing
         raise LakeError(f"lake directory {lake_dir} does not exist; pass the right --lake")
+    selected_tables(lake_dir, args.table)  # a misspelt --table, too
     _say(f"maintaining {lake_dir} (vacuum keeps files removed less than {args.vacuum_hours:g} hours ago) ...")
     spark = _spark(master, object_store=is_remote(lake_dir))  # OPTIMIZE and VACUUM run on delta-spark
-    reports = maintain(spark, lake_dir, tables=tables, vacuum_hours=args.vacuum_hours, progress=print)
+    reports = maintain(spark, lake_dir, tables=tables, only=args.table, vacuum_hours=args.vacuum_hours, progress=print)
     _say(f"done: {len(reports)} tables")
     return 0
 
@@ -465,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="the cdc.yaml to use when --lake is not given (default: $CDC_CONFIG)")
     p.add_argument("--vacuum-hours", type=float, default=168.0, metavar="H",
                    help="vacuum keeps unreferenced files younger than this many hours (default: %(default)g, 7 days)")
+    p.add_argument("--table", action="append", metavar="NAME",
+                   help="maintain only this lake table, e.g. raw_change_events or customers_history; repeat for more (default: every table)")
     add_master(p)
     p.set_defaults(func=cmd_maintain)
     return parser

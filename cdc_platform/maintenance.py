@@ -79,6 +79,7 @@ def maintain(
     lake_dir: LakePath,
     *,
     tables: Sequence[TableConfig] | None = None,
+    only: Sequence[str] | None = None,
     vacuum_hours: float = DEFAULT_VACUUM_HOURS,
     now: dt.datetime | None = None,
     progress: Callable[[str], None] | None = None,
@@ -87,6 +88,9 @@ def maintain(
     """Maintain every Delta table of the lake; latest-state tables also get folded and purged.
 
     `tables` defaults to the lake's registry, so a lake can be maintained without its config file.
+    `only` names the lake's tables to maintain (all when None): a hot table can be compacted on a
+    schedule of its own, and a lake on an object store, where every step is dozens of requests per
+    table, need not be walked whole for it. A name the lake does not hold raises before any table is touched.
 
     The tables are maintained side by side (`workers` at a time; their VACUUMs one at a time,
     `lake_spark.vacuum`): each table's steps are a few small jobs and commits, and their driver work
@@ -100,7 +104,7 @@ def maintain(
         raise LakeError(f"lake directory {lake_dir} does not exist; pass the right --lake")
     now = now or dt.datetime.now(dt.timezone.utc)
     configured = {t.name: t for t in (tables if tables is not None else lake.registered_tables(lake_dir))}
-    present = lake.lake_tables(lake_dir)
+    present = selected_tables(lake_dir, only)
     names = list(present)
 
     def said(i: int, report: TableMaintenance | None, error: BaseException | None) -> None:
@@ -110,6 +114,17 @@ def maintain(
         [lambda name=name: _maintain_table(spark, name, present[name], configured.get(name), vacuum_hours, now) for name in names],
         name="cdc-maintain", workers=workers, on_done=said,
     )
+
+
+def selected_tables(lake_dir: LakePath, only: Sequence[str] | None = None) -> dict[str, LakePath]:
+    """The lake's tables by name, or those `only` names; a name the lake lacks is a mistake said with the names it has."""
+    present = lake.lake_tables(lake_dir)
+    if only is None:
+        return present
+    unknown = sorted(set(only) - set(present))
+    if unknown:
+        raise LakeError(f"the lake {lake_dir} has no table named {', '.join(unknown)}; its tables: {', '.join(present) or 'none'}")
+    return {name: path for name, path in present.items() if name in set(only)}
 
 
 def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,

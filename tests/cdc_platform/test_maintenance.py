@@ -86,6 +86,35 @@ def test_maintain_needs_a_lake(capsys, monkeypatch, tmp_path) -> None:
     assert main(["maintain", "--lake", str(tmp_path / "missing")]) == 2
 
 
+def test_maintain_with_table_touches_those_tables_and_a_wrong_name_touches_none(make_config, spark, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--table NAME` (repeatable) maintains those tables alone; a name the lake lacks is one line naming the
+    lake's tables, said before any table (or Spark) is touched."""
+    cfg = make_config(ORDERS)
+    feed = Feed(cfg)
+    feed([c(1, 100), u(1, 200, amount=1)])
+    feed([u(1, 300, amount=2)])
+    names = list(lake.lake_tables(cfg.lake))
+
+    def versions() -> dict[str, int]:
+        return {n: lake.open_table(lake.table_path(cfg.lake, n)).version() for n in names}
+
+    before = versions()
+    capsys.readouterr()
+    assert main(["maintain", "--lake", str(cfg.lake), "--table", "nope", "--table", "orders"]) == 2
+    err = capsys.readouterr().err
+    assert "has no table named nope; its tables: " in err and "raw_change_events" in err
+    assert versions() == before
+
+    chosen = {"orders", "raw_change_events"}
+    assert main(["maintain", "--lake", str(cfg.lake), "--table", "orders", "--table", "raw_change_events", "--vacuum-hours", "0"]) == 0
+    out = capsys.readouterr().out
+    assert {line.split(":")[0] for line in out.splitlines() if ":" in line and not line.startswith("[")} == chosen
+    after = versions()
+    assert {n for n in names if after[n] != before[n]} == chosen
+    for name in chosen:
+        assert lake_spark.history(spark, lake.table_path(cfg.lake, name), 1)[0]["operation"] == "VACUUM END"
+
+
 def test_compaction_is_redone_on_a_conflict_and_a_lasting_one_says_to_rerun_cdc_maintain(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """OPTIMIZE racing the stream loses to its commits like any writer: redone, and when it never wins, one line."""
     import pytest
