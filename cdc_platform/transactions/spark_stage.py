@@ -6,7 +6,9 @@ Per batch (`SparkTransactionStage.run`):
    driver moves the clocks (`advance`), which every transaction is judged against.
 2. The committed state's transaction rows and the batch's transactional events and markers are
    cogrouped by `hash(transaction_id)` into buckets; each group runs `buckets.bucket_parts` (the same
-   `settle` the driver step runs) and returns its rows as encoded parts, kept on the executors.
+   `settle` the driver step runs) and returns its rows as encoded parts, kept on the executors. A batch
+   with no transactional event or marker, over a state that holds no transaction, has nothing to group:
+   the cogroup is skipped (a connector without transaction metadata, Debezium's default, never runs it).
 3. The driver collects only the groups' summaries (what blocks the watermark, figures, poison ids),
    reduces the watermark candidates under the combined blocks with one Spark aggregate, and builds
    the few global rows (streams, sources, the watermark).
@@ -75,6 +77,7 @@ class Globals:
     stream_source: dict[str, str]
     sources: dict[str, _SourceMark]
     open_count: int
+    held_count: int  # the per-transaction rows: open, and finished ones remembered for lateness
 
 
 class SparkTransactionStage:
@@ -105,12 +108,13 @@ class SparkTransactionStage:
         cached = self._cache
         if cached is not None and cached[0] == path and cached[1] == version:
             return cached[2]
-        rows = lake.scan(table, list(GLOBAL_COLUMNS), pc.field("entry").isin([STREAM, SOURCE, OPEN]))
+        rows = lake.scan(table, list(GLOBAL_COLUMNS), pc.field("entry").isin([STREAM, SOURCE]))
         rows = rows if rows.num_rows else OPEN_TRANSACTIONS_SCHEMA.empty_table()
         entry = rows.column("entry")
         progress, stream_source = _read_streams(rows.filter(pc.equal(entry, STREAM)))
+        held = lake.scan(table, ["entry"], pc.field("entry").isin([OPEN, COMPLETED, EXPIRED])).column("entry")
         found = Globals(progress, stream_source, _read_sources(rows.filter(pc.equal(entry, SOURCE))),
-                        int(pc.sum(pc.equal(entry, OPEN)).as_py() or 0))
+                        int(pc.sum(pc.equal(held, OPEN)).as_py() or 0), len(held))
         self._cache = (path, version, found)
         return found
 
@@ -155,7 +159,7 @@ class SparkTransactionStage:
         seconds: dict[str, float] = {}
         t = time.perf_counter()
         events, markers = _inputs(spark, batch)
-        clock = _clock(events, markers)
+        clock, transactional = _clock(events, markers)
         clocks = advance(held.progress, held.stream_source, clock)
         seconds["clock"] = time.perf_counter() - t
 
@@ -166,7 +170,10 @@ class SparkTransactionStage:
                              now=now, idle_us=idle_us, orphans=self._orphans(spark, config, state, held.open_count), stage=self.name,
                              probe=self._probe)
         t = time.perf_counter()
-        parts = _parts(spark, fold, state, events, markers, self._buckets).persist()
+        if transactional or held.held_count:
+            parts = _parts(spark, fold, state, events, markers, self._buckets).persist()
+        else:  # no transaction arrived and none is held: the cogroup would form no group (Debezium's default, no metadata)
+            parts = lake_spark.from_arrow(spark, B.PARTS.empty_table(), B.PARTS)
         try:
             summaries = parts.where(parts["part"].isin(B.SUMMARY, B.POISON, B.FAILURE)).select("bucket", "part", "info").collect()
             seconds["fold"] = time.perf_counter() - t
@@ -198,7 +205,8 @@ class SparkTransactionStage:
                 new_sources, watermark, global_rows = B.finish(held.sources, clocks, held_back, tops, fold.batch_id, now)
                 seconds["watermark"] = time.perf_counter() - t
                 figures["state_rows"] = float(sum(s["state_rows"] for s in summary) + global_rows.num_rows)
-                return watermark, global_rows, Globals(clocks.after, clocks.stream_source, new_sources, int(figures["open"]))
+                return watermark, global_rows, Globals(clocks.after, clocks.stream_source, new_sources, int(figures["open"]),
+                                                       int(figures["open"] + figures["finished_kept"]))
 
             t = time.perf_counter()
             landed |= self._commit(spark, config, ctx if guarded else None, parts, figures, place_watermark)
@@ -274,19 +282,22 @@ def _inputs(spark: Any, batch: SparkBatch | None) -> tuple[Any, Any]:
             markers.select(*[F.col(c) for c in B.MARKER_COLUMNS]))
 
 
-def _clock(events: Any, markers: Any) -> pa.Table:
-    """`batch_clock` in Spark: one small aggregate over the batch, collected (`CLOCK` rows)."""
+def _clock(events: Any, markers: Any) -> tuple[pa.Table, bool]:
+    """`batch_clock` in Spark: one small aggregate over the batch, collected (`CLOCK` rows); and whether any event
+    or marker of the batch belongs to a transaction, counted in the same aggregate."""
     from pyspark.sql import functions as F
 
     table = F.coalesce(F.col("table_id"), F.lit(""))
     per_table = (events.where(F.col("transaction_id").isNotNull() | F.col("source_ts").isNotNull())
                  .groupBy(table.alias("stream"))
-                 .agg(F.max(F.unix_micros("source_ts")).alias("ts"), F.min(F.coalesce(F.col("source_name"), F.lit(""))).alias("source")))
+                 .agg(F.max(F.unix_micros("source_ts")).alias("ts"), F.min(F.coalesce(F.col("source_name"), F.lit(""))).alias("source"),
+                      F.count("transaction_id").alias("n")))
     on_markers = (markers.where(F.col("transaction_id").isNotNull())
                   .agg(F.lit(MARKERS_STREAM).alias("stream"), F.max(F.unix_micros("marker_ts")).alias("ts"),
                        F.count(F.lit(1)).alias("n"), F.lit(None).cast("string").alias("source")))
-    rows = per_table.unionByName(on_markers.where(F.col("n") > 0).drop("n")).collect()
-    return pa.Table.from_pylist([r.asDict() for r in rows], schema=CLOCK)
+    rows = per_table.unionByName(on_markers.where(F.col("n") > 0)).collect()
+    clock = pa.Table.from_pylist([{k: r[k] for k in CLOCK.names} for r in rows], schema=CLOCK)
+    return clock, any(r["n"] for r in rows)
 
 
 def _parts(spark: Any, fold: B.FoldContext, state: Any, events: Any, markers: Any, buckets: int | None) -> Any:

@@ -23,7 +23,7 @@ from cdc_platform.config import PlatformConfig
 from cdc_platform.ingest import IngestJob
 from cdc_platform.stage import STAGE_ERROR, BatchContext, StageFailure
 from cdc_platform.transactions import spark_stage as S
-from tests.cdc_platform.test_transactions import COUNTS, begin, end, ev
+from tests.cdc_platform.test_transactions import COUNTS, begin, end, ev, whole
 from tests.cdc_platform.test_transactions_buckets import random_batches
 
 TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"]}, "public.accounts": {"key": ["id"]}}
@@ -73,6 +73,41 @@ def test_events_without_a_source_time_still_move_the_watermark(
     IngestJob(on_spark, stages=[S.SparkTransactionStage()]).run_available_now(spark)
     assert table_rows(on_spark, T.WATERMARK) == table_rows(cfg, T.WATERMARK)
     assert [json.loads(r)["position"] for r in table_rows(cfg, T.WATERMARK)] == [f"{1:010d}{700:020d}{0:010d}"]
+
+
+def test_a_batch_without_transactions_skips_the_fold_only_while_none_is_held(
+    make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debezium's connectors send no transaction metadata unless asked: such batches carry no transaction, and
+    with none held the cogroup would form no group, so the stage runs none. Once a transaction was seen, its
+    finished record is held (for lateness) and every batch folds again, in a new process too (what is held
+    then comes from the state table). The lake is the driver stage's either way."""
+    folded: list[int | None] = []
+    real = S._parts
+
+    def parts(spark: Any, fold: Any, *args: Any) -> Any:
+        folded.append(fold.batch_id)
+        return real(spark, fold, *args)
+
+    monkeypatch.setattr(S, "_parts", parts)
+    cfg = make_config(TABLES, max_files_per_trigger=1)
+    on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
+
+    def both() -> None:
+        IngestJob(cfg, stages=[T.TransactionStage()]).run_available_now(spark)
+        IngestJob(on_spark, stages=[S.SparkTransactionStage()]).run_available_now(spark)
+
+    land_batches(tmp_path, [[ev(None, "charges", 700, 1, row=70), ev(None, "audits", 701, 2, row=71)], whole("tx1", 710, 3)])
+    both()
+    assert folded == [1], "the plain batch folded nothing; the transaction's batch folded"
+    late = tmp_path / "landing" / "part-00002.jsonl"
+    late.write_text(ev(None, "charges", 720, 4, row=72) + "\n", encoding="utf-8")
+    os.utime(late, (1_700_000_002, 1_700_000_002))
+    both()
+    assert folded == [1, 2], "tx1's finished record is held: the next plain batch folds"
+    for name in T.TABLE_SCHEMAS:
+        assert table_rows(on_spark, name) == table_rows(cfg, name), name
+    assert ids(on_spark, T.TRANSACTIONS) == ["tx1"] and table_rows(on_spark, T.WATERMARK)
 
 
 def versions(cfg: PlatformConfig) -> dict[str, int]:
