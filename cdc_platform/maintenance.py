@@ -121,10 +121,11 @@ def selected_tables(lake_dir: LakePath, only: Sequence[str] | None = None) -> di
     present = lake.lake_tables(lake_dir)
     if only is None:
         return present
-    unknown = sorted(set(only) - set(present))
+    wanted = set(only)
+    unknown = sorted(wanted - set(present))
     if unknown:
         raise LakeError(f"the lake {lake_dir} has no table named {', '.join(unknown)}; its tables: {', '.join(present) or 'none'}")
-    return {name: path for name, path in present.items() if name in set(only)}
+    return {name: path for name, path in present.items() if name in wanted}
 
 
 def _maintain_table(spark: SparkSession, name: str, path: LakePath, table: TableConfig | None, vacuum_hours: float,
