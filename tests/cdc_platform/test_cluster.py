@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,15 @@ def _canon(value: Any) -> Any:
     return value
 
 
-def lake_contents(spark: Any, lake_dir: Path) -> tuple[dict[str, collections.Counter[tuple[Any, ...]]], dict[str, int]]:
-    """Every table and full view of the lake as a multiset of rows (volatile columns left out), and the metrics' totals."""
+def lake_contents(spark: Any, lake_dir: Path, tables: Collection[str] | None = None) -> tuple[dict[str, collections.Counter[tuple[Any, ...]]], dict[str, int]]:
+    """Every table and full view of the lake as a multiset of rows (volatile columns left out), and the metrics' totals.
+    `tables`: only these tables and their full views (a step that wrote one table is checked on it, not the lake)."""
     contents: dict[str, collections.Counter[tuple[Any, ...]]] = {}
     totals: dict[str, int] = {}
     names = register_lake(spark, lake_dir)
     for name in [n for n in names if "__" not in n or n.endswith("__full_view")]:  # tables as readers see them, full views
+        if tables is not None and name.split("__")[0] not in tables:
+            continue
         columns = [c for c in spark.table(quote(name)).columns if not volatile(c)]
         if name == "pipeline_metrics":
             sums = ", ".join(f"sum({c}) AS {c}" for c in METRIC_TOTALS)
