@@ -55,6 +55,11 @@ def _canon(value: Any) -> Any:
     return value
 
 
+def in_tables(name: str, tables: Collection[str] | None) -> bool:
+    """Whether a lake name (a table, or one of its views: `customers__full_view`) is one of `tables`' (all when None)."""
+    return tables is None or name.split("__")[0] in tables
+
+
 def lake_contents(spark: Any, lake_dir: Path, tables: Collection[str] | None = None) -> tuple[dict[str, collections.Counter[tuple[Any, ...]]], dict[str, int]]:
     """Every table and full view of the lake as a multiset of rows (volatile columns left out), and the metrics' totals.
     `tables`: only these tables and their full views (a step that wrote one table is checked on it, not the lake)."""
@@ -62,7 +67,7 @@ def lake_contents(spark: Any, lake_dir: Path, tables: Collection[str] | None = N
     totals: dict[str, int] = {}
     names = register_lake(spark, lake_dir)
     for name in [n for n in names if "__" not in n or n.endswith("__full_view")]:  # tables as readers see them, full views
-        if tables is not None and name.split("__")[0] not in tables:
+        if not in_tables(name, tables):
             continue
         columns = [c for c in spark.table(quote(name)).columns if not volatile(c)]
         if name == "pipeline_metrics":

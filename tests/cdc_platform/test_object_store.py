@@ -23,7 +23,7 @@ from cdc_platform.config import load_config
 from cdc_platform.errors import EnvironmentNotReadyError
 from cdc_platform.ingest import IngestJob
 from cdc_platform.stage import RAW
-from tests.cdc_platform.test_cluster import build_input, lake_contents
+from tests.cdc_platform.test_cluster import build_input, in_tables, lake_contents
 
 
 def s3_config(tmp_path: Path, peer: dict[str, Path], s3: Any) -> tuple[Path, str]:
@@ -131,7 +131,7 @@ def test_cdc_run_into_an_s3_lake_builds_the_local_lake_and_every_reader_works_on
 
 def of_tables(rows: dict[str, Any], tables: set[str]) -> dict[str, Any]:
     """`lake_contents`' rows of these tables and their full views (at least one of each: never an empty comparison)."""
-    found = {name: r for name, r in rows.items() if name.split("__")[0] in tables}
+    found = {name: r for name, r in rows.items() if in_tables(name, tables)}
     assert {name for name in found if "__" not in name} and {name for name in found if "__" in name}, sorted(rows)
     return found
 
