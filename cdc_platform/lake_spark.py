@@ -107,7 +107,8 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
     The platform's own tables gain columns between versions (the raw log's Kafka origin, say); a lake
     made before gets them as one metadata commit, its rows reading null there. A missing column that
     must not be null cannot be added that way, and says so. A new table gets its checkpoint interval
-    (`checkpoint_interval`); an existing one keeps whatever it has.
+    (`checkpoint_interval`); an existing one keeps whatever it has. A local table loses the stale Hadoop
+    checksum an earlier version may have left beside its `_last_checkpoint`.
     """
     from delta.tables import DeltaTable
 
@@ -115,6 +116,10 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
 
     from pyspark.errors import AnalysisException
 
+    if not is_remote(path):
+        # Written by an earlier version through Hadoop's checksummed file system (see session.LOCAL_FILES_CONF):
+        # the one file Delta overwrites would keep a stale checksum, which such a reader takes for corruption.
+        (Path(str(path)) / "_delta_log" / "._last_checkpoint.crc").unlink(missing_ok=True)
     builder = (DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
                .property("delta.checkpointInterval", str(checkpoint_interval(Path(str(path)).name))))
     if partition_by:

@@ -1,9 +1,5 @@
-"""The session's JVM side: the jars `make setup` resolved load, delta-spark works beside delta-rs, and a
-missing jar folder stops with one line.
-
-The lake itself is still written by delta-rs; these tests hold the ground the move to delta-spark will
-stand on (tables, MERGE, history, idempotent writes, the Kafka source) on the suite's shared session.
-"""
+"""The session's JVM side: the jars `make setup` resolved load, delta-spark works beside delta-rs, a missing jar
+folder stops with one line, and the session's settings (code cache, jobs, local files) do what they are there for."""
 
 from __future__ import annotations
 
@@ -173,3 +169,51 @@ def test_a_query_with_a_shuffle_runs_as_one_spark_job(spark: Any) -> None:
         rows = spark.range(100).groupBy((F.col("id") % 3).alias("k")).count().collect()
     assert sorted(r["count"] for r in rows) == [33, 33, 34]
     assert len(tagged_jobs(spark, "test-one-job")) == 1
+
+
+def _hadoop_checksum_files(root: Path) -> list[str]:
+    """Hadoop's checksummed local file system's side files (`.NAME.crc`), not Delta's own `_delta_log/N.crc`."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*.crc") if p.is_file())
+
+
+def test_a_local_lake_gets_no_hadoop_checksum_files_and_one_written_with_them_runs_on(
+    spark: Any, lake_at: Any, query: Any, tmp_path: Path
+) -> None:
+    """The session reads and writes local paths through Hadoop's raw local file system (`LOCAL_FILES_CONF`):
+    no `.NAME.crc` beside each file of the lake, the landing folder or the stream's checkpoint. A lake written
+    before, with those files beside its own, keeps running."""
+    from cdc_platform.config import load_config
+    from cdc_platform.ingest import IngestJob
+    from cdc_platform.session import LOCAL_FILES_CONF
+    from tests.cdc_platform.test_serve import CHANGES, PEOPLE
+
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in LOCAL_FILES_CONF.items():
+        assert hadoop_conf.get(key.removeprefix("spark.hadoop.")) == value
+    config = lake_at(tmp_path, {"shop.people": {"key": ["id"]}}, PEOPLE)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.parent.name == "_delta_log" and p.suffix == ".crc" for p in written)  # Delta's own checksums stay
+    assert any(p.suffix == ".parquet" for p in written) and any("offsets" in p.parts for p in written)
+    assert _hadoop_checksum_files(tmp_path) == []
+
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(config.lake / "people")).checkpoint()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    last_checkpoint = config.lake / "people" / "_delta_log" / "_last_checkpoint"
+    assert last_checkpoint in written
+    # The same lake as Hadoop's checksummed file system leaves it: every file rewritten through it, with its side file.
+    checked = jvm.org.apache.hadoop.fs.LocalFileSystem()
+    checked.initialize(jvm.java.net.URI("file:///"), jvm.org.apache.hadoop.conf.Configuration())
+    for path in written:
+        src, tmp = jvm.org.apache.hadoop.fs.Path(str(path)), jvm.org.apache.hadoop.fs.Path(f"{path}.rewrite")
+        assert jvm.org.apache.hadoop.fs.FileUtil.copy(checked, src, checked, tmp, False, hadoop_conf)
+        assert checked.rename(tmp, src)
+    old = _hadoop_checksum_files(tmp_path)
+    assert len(old) == len(written)
+
+    (tmp_path / "landing" / "part-00002.jsonl").write_text("\n".join(CHANGES) + "\n", encoding="utf-8")
+    IngestJob(load_config(tmp_path / "cdc.yaml")).run_available_now(spark)
+    assert query(config, "SELECT id, name FROM people__full_view ORDER BY id") == [{"id": 0, "name": "ann"}, {"id": 1, "name": "bobby"}]
+    # The second batch wrote none, and the stale one beside `_last_checkpoint` (the file Delta overwrites) is gone.
+    stale = str((last_checkpoint.parent / "._last_checkpoint.crc").relative_to(tmp_path))
+    assert stale in old and _hadoop_checksum_files(tmp_path) == [f for f in old if f != stale]
