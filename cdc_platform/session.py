@@ -51,8 +51,9 @@ DELTA_CONF = {
 #: small files (Parquet parts, Delta's log entries and checksums, the checkpoint's offsets and commits): a fresh
 #: lake's one-batch `cdc run` took 9.64 s instead of 11.71 s without them, and 17.7 s of CPU instead of 20.6
 #: (benchmarks/README.md, "Hadoop's checksum files"). A lake on an object store or HDFS never had these files;
-#: a local lake written before keeps its old ones, which nothing reads any more. On this file system Delta's log
-#: store makes its check-then-rename of a commit atomic with a lock in the JVM (`HDFSLogStore.write`).
+#: a local lake written before keeps its old ones, which this session does not read (`lake_spark.ensure_table`
+#: deletes the one beside `_last_checkpoint`, the file Delta overwrites). On this file system Delta's log store
+#: makes its check-then-rename of a commit atomic with a lock in the JVM (`HDFSLogStore.write`).
 LOCAL_FILES_CONF = {
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
