@@ -117,8 +117,8 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
     from pyspark.errors import AnalysisException
 
     if not is_remote(path):
-        # Written by an earlier version through Hadoop's checksummed file system (see session.LOCAL_FILES_CONF):
-        # the one file Delta overwrites would keep a stale checksum, which such a reader takes for corruption.
+        # Written by an earlier version through Hadoop's checksummed FileContext (see session.LOCAL_FILES_CONF):
+        # the one file Delta overwrites would keep a stale checksum, which a read through FileSystem takes for corruption.
         (Path(str(path)) / "_delta_log" / "._last_checkpoint.crc").unlink(missing_ok=True)
     builder = (DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
                .property("delta.checkpointInterval", str(checkpoint_interval(Path(str(path)).name))))

@@ -45,17 +45,18 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
-#: Local paths (`file:`: the embedded lake, the landing folder, the stream's checkpoint) go through Hadoop's raw
-#: local file system instead of its default checksummed one. That one writes a hidden `.NAME.crc` beside every
-#: file, reads it back to verify every read, and renames and deletes it with its file. A batch touches dozens of
-#: small files (Parquet parts, Delta's log entries and checksums, the checkpoint's offsets and commits): a fresh
-#: lake's one-batch `cdc run` took 9.64 s instead of 11.71 s without them, and 17.7 s of CPU instead of 20.6
-#: (benchmarks/README.md, "Hadoop's checksum files"). A lake on an object store or HDFS never had these files;
-#: a local lake written before keeps its old ones, which this session does not read (`lake_spark.ensure_table`
-#: deletes the one beside `_last_checkpoint`, the file Delta overwrites). On this file system Delta's log store
-#: makes its check-then-rename of a commit atomic with a lock in the JVM (`HDFSLogStore.write`).
+#: Local paths reached through Hadoop's `FileContext` (Delta's log store: commits, checksums, `_last_checkpoint`;
+#: the stream's checkpoint: offsets, commits, the file source's log) go through its raw local file system instead
+#: of the default checksummed one, which writes a hidden `.NAME.crc` beside every file, reads it back, and renames
+#: and deletes it with its file. A batch writes and reads dozens of these small files: a fresh lake's one-batch
+#: `cdc run` took 10.12 s instead of 12.51 s without them, 18.9 s of CPU instead of 21.5 (benchmarks/README.md,
+#: "Hadoop's checksum files"). `FileSystem`'s `fs.file.impl` stays Hadoop's `LocalFileSystem`: Hadoop, Spark and
+#: Hive cast `FileSystem.getLocal` to it (S3A's upload buffers failed with a ClassCastException when it was raw).
+#: A lake written before keeps its old side files, still right since those files are never rewritten, except
+#: the one beside `_last_checkpoint`, which Delta overwrites: `lake_spark.ensure_table` deletes it, or reads of
+#: the table through `FileSystem` would take the stale checksum for corruption. Lakes on an object store or HDFS
+#: never had these files.
 LOCAL_FILES_CONF = {
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
 }
 

@@ -176,31 +176,40 @@ def _hadoop_checksum_files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob(".*.crc") if p.is_file())
 
 
+def _of_file_context(names: list[str]) -> list[str]:
+    """The side files of what goes through Hadoop's FileContext: Delta's log store (commits, checksums,
+    `_last_checkpoint`; not its Parquet checkpoints) and the stream's checkpoint."""
+    return [n for n in names if "_checkpoints" in Path(n).parts
+            or ("_delta_log" in Path(n).parts and not n.endswith(".checkpoint.parquet.crc"))]
+
+
 def test_a_local_lake_gets_no_hadoop_checksum_files_and_one_written_with_them_runs_on(
     spark: Any, lake_at: Any, query: Any, tmp_path: Path
 ) -> None:
-    """The session reads and writes local paths through Hadoop's raw local file system (`LOCAL_FILES_CONF`):
-    no `.NAME.crc` beside each file of the lake, the landing folder or the stream's checkpoint. A lake written
-    before, with those files beside its own, keeps running."""
+    """The session's FileContext goes through Hadoop's raw local file system (`LOCAL_FILES_CONF`): no `.NAME.crc`
+    beside each of Delta's log files or the stream's checkpoint files. `FileSystem.getLocal` stays Hadoop's
+    `LocalFileSystem` (S3A's upload buffers, Hive, Spark cast to it). A lake written before, with those side
+    files beside its own, keeps running."""
     from cdc_platform.config import load_config
     from cdc_platform.ingest import IngestJob
     from cdc_platform.session import LOCAL_FILES_CONF
     from tests.cdc_platform.test_serve import CHANGES, PEOPLE
 
+    jvm = spark.sparkContext._jvm
     hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in LOCAL_FILES_CONF.items():
         assert hadoop_conf.get(key.removeprefix("spark.hadoop.")) == value
+    local_fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), hadoop_conf)
+    assert jvm.java.lang.Class.forName("org.apache.hadoop.fs.LocalFileSystem").isInstance(local_fs)  # what getLocal casts to
     config = lake_at(tmp_path, {"shop.people": {"key": ["id"]}}, PEOPLE)
-    written = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.parent.name == "_delta_log" and p.suffix == ".crc" for p in written)  # Delta's own checksums stay
-    assert any(p.suffix == ".parquet" for p in written) and any("offsets" in p.parts for p in written)
-    assert _hadoop_checksum_files(tmp_path) == []
-
-    jvm = spark.sparkContext._jvm
     jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(config.lake / "people")).checkpoint()
-    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(".")]
     last_checkpoint = config.lake / "people" / "_delta_log" / "_last_checkpoint"
     assert last_checkpoint in written
+    assert any(p.parent.name == "_delta_log" and p.suffix == ".crc" for p in written)  # Delta's own checksums stay
+    assert any("offsets" in p.parts for p in written)
+    assert _of_file_context(_hadoop_checksum_files(tmp_path)) == []
+
     # The same lake as Hadoop's checksummed file system leaves it: every file rewritten through it, with its side file.
     checked = jvm.org.apache.hadoop.fs.LocalFileSystem()
     checked.initialize(jvm.java.net.URI("file:///"), jvm.org.apache.hadoop.conf.Configuration())
@@ -214,6 +223,9 @@ def test_a_local_lake_gets_no_hadoop_checksum_files_and_one_written_with_them_ru
     (tmp_path / "landing" / "part-00002.jsonl").write_text("\n".join(CHANGES) + "\n", encoding="utf-8")
     IngestJob(load_config(tmp_path / "cdc.yaml")).run_available_now(spark)
     assert query(config, "SELECT id, name FROM people__full_view ORDER BY id") == [{"id": 0, "name": "ann"}, {"id": 1, "name": "bobby"}]
-    # The second batch wrote none, and the stale one beside `_last_checkpoint` (the file Delta overwrites) is gone.
+    # The second batch's log and checkpoint files got none, and the stale one beside `_last_checkpoint` (the file
+    # Delta overwrites) is gone.
     stale = str((last_checkpoint.parent / "._last_checkpoint.crc").relative_to(tmp_path))
-    assert stale in old and _hadoop_checksum_files(tmp_path) == [f for f in old if f != stale]
+    now = _hadoop_checksum_files(tmp_path)
+    assert stale in old and stale not in now
+    assert _of_file_context([n for n in now if n not in old]) == []
