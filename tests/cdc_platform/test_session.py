@@ -184,14 +184,12 @@ def _of_file_context(names: list[str]) -> list[str]:
 
 
 def test_a_local_lake_gets_no_hadoop_checksum_files_and_one_written_with_them_runs_on(
-    spark: Any, lake_at: Any, query: Any, tmp_path: Path
+    spark: Any, lake_at: Any, run_pipeline: Any, query: Any, tmp_path: Path
 ) -> None:
     """The session's FileContext goes through Hadoop's raw local file system (`LOCAL_FILES_CONF`): no `.NAME.crc`
     beside each of Delta's log files or the stream's checkpoint files. `FileSystem.getLocal` stays Hadoop's
     `LocalFileSystem` (S3A's upload buffers, Hive, Spark cast to it). A lake written before, with those side
     files beside its own, keeps running."""
-    from cdc_platform.config import load_config
-    from cdc_platform.ingest import IngestJob
     from cdc_platform.session import LOCAL_FILES_CONF
     from tests.cdc_platform.test_serve import CHANGES, PEOPLE
 
@@ -221,7 +219,7 @@ def test_a_local_lake_gets_no_hadoop_checksum_files_and_one_written_with_them_ru
     assert len(old) == len(written)
 
     (tmp_path / "landing" / "part-00002.jsonl").write_text("\n".join(CHANGES) + "\n", encoding="utf-8")
-    IngestJob(load_config(tmp_path / "cdc.yaml")).run_available_now(spark)
+    run_pipeline(config)
     assert query(config, "SELECT id, name FROM people__full_view ORDER BY id") == [{"id": 0, "name": "ann"}, {"id": 1, "name": "bobby"}]
     # The second batch's log and checkpoint files got none, and the stale one beside `_last_checkpoint` (the file
     # Delta overwrites) is gone.
