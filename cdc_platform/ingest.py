@@ -265,7 +265,7 @@ class IngestJob:
 
         spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started,
                                  event_count=figures_.distinct_events, marker_count=figures_.distinct_markers,
-                                 raw_landed=raw_gate.wait)
+                                 raw_landed=raw_gate.wait, table_clocks=figures_.table_clocks, marker_clock=figures_.marker_clock)
         isolated = 0
 
         def write_isolated(rows: pa.Table, stage_name: str) -> None:

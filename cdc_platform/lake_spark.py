@@ -370,6 +370,22 @@ def footprint_columns(prefix: str, partition: Column, ranged: Column | None, whe
     return columns
 
 
+def footprint_totals(rows: Sequence[Mapping[str, Any]], prefix: str, *, ranged: bool) -> dict[str, Any]:
+    """`footprint_columns`' values of groups of rows (one aggregate row each) combined into their values over all
+    the rows, as `footprint_of` reads them: for an aggregate that is grouped for another reason. `ranged`: the
+    columns were made with a range column."""
+    def present(name: str) -> list[Any]:
+        return [r[name] for r in rows if r[name] is not None]
+
+    totals: dict[str, Any] = {f"{prefix}{name}": sum(int(r[f"{prefix}{name}"]) for r in rows) for name in ("rows", "with_part")}
+    totals[f"{prefix}parts"] = sorted({part for r in rows for part in r[f"{prefix}parts"] or ()})
+    if ranged:
+        lows, highs = present(f"{prefix}lo"), present(f"{prefix}hi")
+        totals |= {f"{prefix}lo": min(lows) if lows else None, f"{prefix}hi": max(highs) if highs else None,
+                   f"{prefix}with_range": sum(int(r[f"{prefix}with_range"]) for r in rows)}
+    return totals
+
+
 def footprint_of(row: Mapping[str, Any], prefix: str) -> Footprint:
     n = int(row[f"{prefix}rows"])
     ranged = f"{prefix}lo" in row

@@ -76,6 +76,12 @@ class BatchContext:
         return lake.app_id(self.query_id, table)
 
 
+#: One source table's part of a batch for the stream clocks: (table id, "" for none; the newest source time in
+#: microseconds, None if no event has one; the least source name, "" for none; how many of its events belong to
+#: a transaction). Only for tables with an event that has a source time or a transaction.
+TableClock = tuple[str, "int | None", str, int]
+
+
 @dataclass(frozen=True)
 class SparkBatch:
     """One micro-batch as Spark DataFrames, for a `SparkStage`: nothing of it is on the driver."""
@@ -91,6 +97,11 @@ class SparkBatch:
     #: it before its first commit: the stages compute while the raw log is written, but a reader never sees
     #: a stage's output (a transaction, a latest-state row) before the events it came from.
     raw_landed: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
+    #: From the batch's one aggregate too: each source table's clock, by table id, and the markers' (newest
+    #: marker time in microseconds, markers that name a transaction). None: not computed, and a stage that
+    #: needs them reads them from the frames (the transaction stage's clocks).
+    table_clocks: tuple[TableClock, ...] | None = None
+    marker_clock: tuple[int | None, int] | None = None
 
 
 class RawLogGate:

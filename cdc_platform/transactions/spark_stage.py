@@ -2,8 +2,9 @@
 
 Per batch (`SparkTransactionStage.run`):
 
-1. One small aggregate of the batch gives every stream's newest event time (`batch_clock`'s rows); the
-   driver moves the clocks (`advance`), which every transaction is judged against.
+1. Every stream's newest event time (`batch_clock`'s rows) comes with the batch: the job's one aggregate
+   of it counts them (`SparkBatch.table_clocks`; `_clock` runs a Spark aggregate for a batch built without
+   them). The driver moves the clocks (`advance`), which every transaction is judged against.
 2. The committed state's transaction rows and the batch's transactional events and markers are
    cogrouped by `hash(transaction_id)` into buckets; each group runs `buckets.bucket_parts` (the same
    `settle` the driver step runs) and returns its rows as encoded parts, kept on the executors. A batch
@@ -159,7 +160,7 @@ class SparkTransactionStage:
         seconds: dict[str, float] = {}
         t = time.perf_counter()
         events, markers = _inputs(spark, batch)
-        clock, transactional = _clock(events, markers)
+        clock, transactional = _clock(events, markers) if batch is not None and batch.table_clocks is None else _given_clock(batch)
         clocks = advance(held.progress, held.stream_source, clock)
         seconds["clock"] = time.perf_counter() - t
 
@@ -298,6 +299,19 @@ def _clock(events: Any, markers: Any) -> tuple[pa.Table, bool]:
     rows = per_table.unionByName(on_markers.where(F.col("n") > 0)).collect()
     clock = pa.Table.from_pylist([{k: r[k] for k in CLOCK.names} for r in rows], schema=CLOCK)
     return clock, any(r["n"] for r in rows)
+
+
+def _given_clock(batch: SparkBatch | None) -> tuple[pa.Table, bool]:
+    """`_clock`'s answer from what the batch's one aggregate already counted (`SparkBatch.table_clocks`), without a
+    job of its own; an idle tick (no batch) moves no clock."""
+    if batch is None:
+        return CLOCK.empty_table(), False
+    rows = [{"stream": stream, "ts": ts, "source": source} for stream, ts, source, _ in batch.table_clocks or ()]
+    marker_ts, marker_n = batch.marker_clock or (None, 0)
+    if marker_n:
+        rows.append({"stream": MARKERS_STREAM, "ts": marker_ts, "source": None})
+    transactional = bool(marker_n) or any(n for *_, n in batch.table_clocks or ())
+    return pa.Table.from_pylist(rows, schema=CLOCK), transactional
 
 
 def _parts(spark: Any, fold: B.FoldContext, state: Any, events: Any, markers: Any, buckets: int | None) -> Any:
