@@ -139,7 +139,8 @@ def test_an_empty_or_heartbeat_only_batch_has_no_clock(spark: Any, tmp_path: Pat
             got = split.figures
             assert (got.rows_read, got.change_events, got.markers, got.table_ids, got.heartbeats) == (len(lines), 0, 0, (), len(lines) // 2)
             assert (got.table_clocks, got.marker_clock, got.events_footprint.rows) == ((), (None, 0), 0)
-            assert S._given_clock(spark_batch(split))[0].num_rows == 0 and not S._given_clock(spark_batch(split))[1]
+            given, transactional = S._given_clock(spark_batch(split))
+            assert (given.num_rows, transactional) == (0, False)
             split.release()
         finally:
             parsed.unpersist()
