@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
+from cdc_platform.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from delta.tables import DeltaTable
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 #: VACUUM's settings: log `VACUUM START`/`END` commits (with the deleted-file count), and the 7-day check.
@@ -331,74 +331,6 @@ def session() -> SparkSession:
     return get_spark()
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """Where a batch's rows can already be in a table: its partition values and its range of a column the id determines."""
-
-    rows: int
-    parts: tuple[Any, ...]
-    null_part: bool
-    lo: Any = None
-    hi: Any = None
-    complete_range: bool = False  # every row has a value in the range column
-
-    def condition(self, partition_column: str, range_column: str | None) -> str:
-        within = [f"`{partition_column}` IN ({', '.join(_sql_literal(p) for p in self.parts)})"] if self.parts else []
-        if self.null_part:
-            within.append(f"`{partition_column}` IS NULL")
-        condition = f"({' OR '.join(within)})"
-        if range_column is not None and self.complete_range:
-            condition += f" AND `{range_column}` BETWEEN {_sql_literal(self.lo)} AND {_sql_literal(self.hi)}"
-        return condition
-
-
-def footprint_columns(prefix: str, partition: Column, ranged: Column | None, where: Column | None = None) -> list[Column]:
-    """Aggregate columns that `footprint_of` reads back: so a caller can fold them into an aggregate it runs anyway."""
-    from pyspark.sql import functions as F
-
-    def only(c: Column) -> Column:
-        return c if where is None else F.when(where, c)
-
-    columns = [
-        F.count(only(F.lit(1))).alias(f"{prefix}rows"),
-        F.collect_set(only(partition)).alias(f"{prefix}parts"),
-        F.count(only(partition)).alias(f"{prefix}with_part"),
-    ]
-    if ranged is not None:
-        columns += [F.min(only(ranged)).alias(f"{prefix}lo"), F.max(only(ranged)).alias(f"{prefix}hi"),
-                    F.count(only(ranged)).alias(f"{prefix}with_range")]
-    return columns
-
-
-def footprint_totals(rows: Sequence[Mapping[str, Any]], prefix: str, *, ranged: bool) -> dict[str, Any]:
-    """`footprint_columns`' values of groups of rows (one aggregate row each) combined into their values over all
-    the rows, as `footprint_of` reads them: for an aggregate that is grouped for another reason. `ranged`: the
-    columns were made with a range column."""
-    def present(name: str) -> list[Any]:
-        return [r[name] for r in rows if r[name] is not None]
-
-    totals: dict[str, Any] = {f"{prefix}{name}": sum(int(r[f"{prefix}{name}"]) for r in rows) for name in ("rows", "with_part")}
-    totals[f"{prefix}parts"] = sorted({part for r in rows for part in r[f"{prefix}parts"] or ()})
-    if ranged:
-        lows, highs = present(f"{prefix}lo"), present(f"{prefix}hi")
-        totals |= {f"{prefix}lo": min(lows) if lows else None, f"{prefix}hi": max(highs) if highs else None,
-                   f"{prefix}with_range": sum(int(r[f"{prefix}with_range"]) for r in rows)}
-    return totals
-
-
-def footprint_of(row: Mapping[str, Any], prefix: str) -> Footprint:
-    n = int(row[f"{prefix}rows"])
-    ranged = f"{prefix}lo" in row
-    return Footprint(
-        rows=n,
-        parts=tuple(sorted(row[f"{prefix}parts"])),
-        null_part=int(row[f"{prefix}with_part"]) < n,
-        lo=row.get(f"{prefix}lo"),
-        hi=row.get(f"{prefix}hi"),
-        complete_range=ranged and int(row[f"{prefix}with_range"]) == n,
-    )
-
-
 def insert_new_once(
     df: DataFrame,
     path: LakePath | str,
@@ -592,20 +524,6 @@ def file_count(spark: SparkSession, path: LakePath | str) -> int:
 
 def _path_identifier(path: LakePath | str) -> str:
     return location(path).replace("`", "``")
-
-
-def _sql_literal(value: Any) -> str:
-    import datetime as dt
-
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
-        return f"DATE'{value.isoformat()}'"
-    return sql_string(str(value))
 
 
 def sql_string(value: str) -> str:

@@ -32,7 +32,8 @@ import pyarrow as pa
 
 from cdc_platform import schemas
 from cdc_platform.envelope import KeySpec
-from cdc_platform.lake_spark import Footprint, footprint_columns, footprint_of, footprint_totals, spark_schema
+from cdc_platform.footprints import Footprint, footprint_columns, footprint_of, footprint_totals
+from cdc_platform.lake_spark import spark_schema
 from cdc_platform.parsed_batches import parse_arrow_batches
 from cdc_platform.sources import input_columns
 from cdc_platform.stage import ParsedBatch, TableClock
@@ -64,7 +65,7 @@ def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
 @dataclass(frozen=True)
 class BatchFigures:
     """The small aggregate of one parsed batch (a few rows collected to the driver), with where its
-    events and markers can already be in the raw log and markers (`lake_spark.Footprint`)."""
+    events and markers can already be in the raw log and markers (`footprints.Footprint`)."""
 
     rows_read: int
     change_events: int
