@@ -2,9 +2,10 @@
 
 Per batch (`SparkTransactionStage.run`):
 
-1. Every stream's newest event time (`batch_clock`'s rows) comes with the batch: the job's one aggregate
-   of it counts them (`SparkBatch.table_clocks`; `_clock` runs a Spark aggregate for a batch built without
-   them). The driver moves the clocks (`advance`), which every transaction is judged against.
+1. Every stream's newest event time (`batch_clock`'s rows) comes with the batch: the ingest job's one
+   aggregate of the batch already computed it (`SparkBatch.table_clocks`; for a batch built without them,
+   `_clock` runs an aggregate of its own). The driver moves the clocks (`advance`), which every transaction
+   is judged against.
 2. The committed state's transaction rows and the batch's transactional events and markers are
    cogrouped by `hash(transaction_id)` into buckets; each group runs `buckets.bucket_parts` (the same
    `settle` the driver step runs) and returns its rows as encoded parts, kept on the executors. A batch
