@@ -33,12 +33,9 @@ class Footprint:
         from pyspark.sql import functions as F
 
         partition = F.col(partition_column)
-        within = [partition.isin(list(self.parts))] if self.parts else []
+        condition = partition.isin(list(self.parts)) if self.parts else F.lit(False)
         if self.null_part:
-            within.append(partition.isNull())
-        condition = within[0] if within else F.lit(False)
-        for alternative in within[1:]:
-            condition = condition | alternative
+            condition = condition | partition.isNull()
         if range_column is not None and self.complete_range:
             condition = condition & F.col(range_column).between(F.lit(self.lo), F.lit(self.hi))
         return condition

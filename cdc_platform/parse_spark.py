@@ -106,8 +106,8 @@ class SplitBatch:
             self.losers.unpersist()
 
 
-#: The columns of the batch's aggregate summed over its groups (the rest: see `figures_of`).
-_COUNTS = ("rows_read", "change_events", "markers", "tombstones", "dead_letters", "heartbeats", "schema_changes")
+#: The batch's counts of each kind of line: the rows of that kind's groups (`figures_of`).
+_KIND_COUNTS = {"change": "change_events", "marker": "markers", "tombstone": "tombstones", "dead_letter": "dead_letters"}
 
 
 def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -> BatchFigures:
@@ -134,10 +134,6 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
 
     groups = parsed.groupBy(kind.alias("group_kind"), F.when(change, F.col("table_id")).alias("group_table")).agg(
         F.count(F.lit(1)).alias("rows_read"),
-        count(change).alias("change_events"),
-        count(kind == "marker").alias("markers"),
-        count(kind == "tombstone").alias("tombstones"),
-        count(kind == "dead_letter").alias("dead_letters"),
         count(heartbeat).alias("heartbeats"),
         count((kind == "control") & (F.col("reason_code") == "schema_change")).alias("schema_changes"),
         F.unix_micros(F.max(F.when(change, F.col("source_ts")))).alias("newest_source_ts"),
@@ -150,7 +146,8 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     )
     rows = [r.asDict() for r in groups.collect()]
-    values: dict[str, int] = {k: sum(int(r[k]) for r in rows) for k in _COUNTS}
+    values: dict[str, int] = {k: sum(int(r[k]) for r in rows) for k in ("rows_read", "heartbeats", "schema_changes")}
+    values |= {name: sum(int(r["rows_read"]) for r in rows if r["group_kind"] == k) for k, name in _KIND_COUNTS.items()}
     # A batch without changes or markers (a heartbeat-only one, say) has no repeats: no job to find none.
     has_ids = values["change_events"] or values["markers"]
     repeated = {r["kind"]: r["n"] for r in losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()} if has_ids else {}
