@@ -157,6 +157,23 @@ def test_the_suites_session_keeps_both_jit_tiers_and_its_children_start_with_the
     assert (folder / "log4j2.properties").read_bytes() == package_logging  # the children stay as quiet as a user's run
 
 
+def test_the_sessions_jvm_runs_with_the_platforms_c2_thresholds(spark: Any) -> None:
+    """`session.JVM_DEFAULTS` reach the JVM PySpark launches (as `defaultJavaOptions`) and are the VM's values."""
+    from cdc_platform.session import JVM_DEFAULTS, LONG_LIVED_JIT
+
+    jvm = spark.sparkContext._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    flags = LONG_LIVED_JIT.split()
+    assert len(flags) == 4 and all(flag in arguments for flag in flags)
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    for flag in flags:
+        name, value = flag.removeprefix("-XX:").split("=")
+        assert diagnostics.getVMOption(name).getValue() == value
+    conf = spark.sparkContext.getConf()
+    assert all(conf.get(key) == value for key, value in JVM_DEFAULTS.items())  # executors (a cluster's) get them too
+
+
 def test_a_query_with_a_shuffle_runs_as_one_spark_job(spark: Any) -> None:
     """With adaptive query execution each stage of a shuffled query is a job of its own, planned again after
     the one before: a third of a small batch's jobs. The session runs it as one (`session.py`)."""
