@@ -4,7 +4,8 @@ The raw log and markers insert only ids they do not hold (`lake_spark.insert_new
 ids reads only the partitions the batch's rows fall in and, where the id determines a column with a range
 (a change event's source position, a marker's transaction id), only that range of it: so its cost follows
 the batch, not the table. The batch's aggregate computes the footprint as a few columns
-(`footprint_columns`), folded into an aggregate it runs anyway; `footprint_of` reads them back.
+(`footprint_columns`), folded into an aggregate it runs anyway; `footprint_of` reads them back, from one
+row or from the rows of a grouped aggregate.
 """
 
 from __future__ import annotations
@@ -59,30 +60,21 @@ def footprint_columns(prefix: str, partition: Column, ranged: Column | None, whe
     return columns
 
 
-def footprint_totals(rows: Sequence[Mapping[str, Any]], prefix: str, *, ranged: bool) -> dict[str, Any]:
-    """`footprint_columns`' values of groups of rows (one aggregate row each) combined into their values over all
-    the rows, as `footprint_of` reads them: for an aggregate that is grouped for another reason. `ranged`: the
-    columns were made with a range column."""
+def footprint_of(rows: Sequence[Mapping[str, Any]], prefix: str, *, ranged: bool) -> Footprint:
+    """The footprint from `footprint_columns`' values: one aggregate row, or the rows of an aggregate grouped
+    for another reason, combined here. `ranged`: the columns were made with a range column."""
+    def total(name: str) -> int:
+        return sum(int(r[f"{prefix}{name}"]) for r in rows)
+
     def present(name: str) -> list[Any]:
-        return [r[name] for r in rows if r[name] is not None]
+        return [r[f"{prefix}{name}"] for r in rows if r[f"{prefix}{name}"] is not None]
 
-    totals: dict[str, Any] = {f"{prefix}{name}": sum(int(r[f"{prefix}{name}"]) for r in rows) for name in ("rows", "with_part")}
-    totals[f"{prefix}parts"] = sorted({part for r in rows for part in r[f"{prefix}parts"] or ()})
-    if ranged:
-        lows, highs = present(f"{prefix}lo"), present(f"{prefix}hi")
-        totals |= {f"{prefix}lo": min(lows) if lows else None, f"{prefix}hi": max(highs) if highs else None,
-                   f"{prefix}with_range": sum(int(r[f"{prefix}with_range"]) for r in rows)}
-    return totals
-
-
-def footprint_of(row: Mapping[str, Any], prefix: str) -> Footprint:
-    n = int(row[f"{prefix}rows"])
-    ranged = f"{prefix}lo" in row
+    n = total("rows")
     return Footprint(
         rows=n,
-        parts=tuple(sorted(row[f"{prefix}parts"])),
-        null_part=int(row[f"{prefix}with_part"]) < n,
-        lo=row.get(f"{prefix}lo"),
-        hi=row.get(f"{prefix}hi"),
-        complete_range=ranged and int(row[f"{prefix}with_range"]) == n,
+        parts=tuple(sorted({part for r in rows for part in r[f"{prefix}parts"] or ()})),
+        null_part=total("with_part") < n,
+        lo=min(present("lo"), default=None) if ranged else None,
+        hi=max(present("hi"), default=None) if ranged else None,
+        complete_range=ranged and total("with_range") == n,
     )

@@ -370,7 +370,7 @@ def insert_new_once(
         ranged = None if range_column is None else F.col(range_column)
         summary = df.agg(*footprint_columns("", F.col(partition_column), ranged)).first()
         assert summary is not None  # a global aggregate has one row
-        footprint = footprint_of(summary.asDict(), "")
+        footprint = footprint_of([summary.asDict()], "", ranged=range_column is not None)
     if footprint.rows == 0:
         return 0  # nothing to record: a replay of an empty batch writes nothing either
     known = read(spark, path).where(footprint.condition(partition_column, range_column)).select(id_column)

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from cdc_platform import schemas
 from cdc_platform.envelope import KeySpec
-from cdc_platform.footprints import Footprint, footprint_columns, footprint_of, footprint_totals
+from cdc_platform.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.lake_spark import spark_schema
 from cdc_platform.parsed_batches import parse_arrow_batches
 from cdc_platform.sources import input_columns
@@ -151,7 +151,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
     # A batch without changes or markers (a heartbeat-only one, say) has no repeats: no job to find none.
     has_ids = values["change_events"] or values["markers"]
     repeated = {r["kind"]: r["n"] for r in losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()} if has_ids else {}
-    footprints = {side: footprint_of(footprint_totals(rows, f"{side}_", ranged=True), f"{side}_") for side in ("events", "markers")}
+    footprints = {side: footprint_of(rows, f"{side}_", ranged=True) for side in ("events", "markers")}
     changes = [r for r in rows if r["group_kind"] == "change"]
     markers = [r for r in rows if r["group_kind"] == "marker"]
     return BatchFigures(
