@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,34 @@ def run_parse_and_write(spark: Any, landing: Path, target: Path) -> float:
     return time.perf_counter() - t0
 
 
-#: The source block and the transaction block of an envelope, as far as the floor below reads them.
-SOURCE_DDL = "db STRING, `table` STRING, file STRING, pos LONG, `row` LONG, ts_ms LONG"
+#: The source block of a MySQL envelope as far as the naive peer reads it (table and binlog position), and as
+#: the floor below reads it (with the source time); and the transaction block.
+BINLOG_DDL = "db STRING, `table` STRING, file STRING, pos LONG, `row` LONG"
+SOURCE_DDL = BINLOG_DDL + ", ts_ms LONG"
 TRANSACTION_DDL = "id STRING, total_order LONG, data_collection_order LONG"
+
+
+def _table_id(src: str) -> Any:
+    """`<db>.<table>` of a parsed source block (the config's `source` of a table)."""
+    from pyspark.sql import functions as F
+
+    return F.concat_ws(".", f"{src}.db", f"{src}.table")
+
+
+def _binlog_position(src: str) -> Any:
+    """The binlog position of a parsed source block, as a struct that orders as the binlog does."""
+    from pyspark.sql import functions as F
+
+    return F.struct(F.col(f"{src}.file").alias("file"), F.col(f"{src}.pos").alias("pos"), F.col(f"{src}.row").alias("row"))
+
+
+def _last_per_key(rows: Any, image: Any, key_columns: Sequence[str], key: str, order: str) -> Any:
+    """Each key's last row by `order`, the key (named `key`) being the key columns read from the row image as JSON text."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keyed = rows.withColumn(key, F.to_json(F.struct(*[F.get_json_object(image, f"$.{c}").alias(c) for c in key_columns])))
+    return keyed.withColumn("_n", F.row_number().over(Window.partitionBy(key).orderBy(F.col(order).desc()))).where("_n = 1").drop("_n")
 
 
 def run_outputs_floor(spark: Any, config: Any, landing: Path, target: Path) -> tuple[float, dict[str, float]]:
@@ -110,7 +136,6 @@ def run_outputs_floor(spark: Any, config: Any, landing: Path, target: Path) -> t
     parse-and-write reference is the most that ratio can be for these outputs on this machine.
     Returns (seconds, seconds by step).
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     steps: dict[str, float] = {}
@@ -123,8 +148,7 @@ def run_outputs_floor(spark: Any, config: Any, landing: Path, target: Path) -> t
               .select(F.sha2("value", 256).alias("event_id"), F.col("value").alias("line"), "source_file", "op", "before", "after",
                       src.alias("src"), F.from_json("transaction", TRANSACTION_DDL).alias("tx"))
               .select("event_id", "line", "source_file", "op", "before", "after",
-                      F.concat_ws(".", "src.db", "src.table").alias("table_id"),
-                      F.struct(F.col("src.file").alias("file"), F.col("src.pos").alias("pos"), F.col("src.row").alias("row")).alias("position"),
+                      _table_id("src").alias("table_id"), _binlog_position("src").alias("position"),
                       F.col("tx.id").alias("transaction_id"), F.col("tx.total_order").alias("tx_total_order"),
                       F.timestamp_millis(F.col("src.ts_ms")).alias("source_ts"))
               .withColumn("event_date", F.to_date("source_ts"))
@@ -141,11 +165,8 @@ def run_outputs_floor(spark: Any, config: Any, landing: Path, target: Path) -> t
                        F.col("id").alias("transaction_id"), "status", "event_count", "data_collections",
                        F.timestamp_millis("ts_ms").alias("marker_ts")))
     step("markers", lambda: markers.write.format("delta").mode("overwrite").save(str(target / "transaction_markers")))
-    image = F.coalesce("after", "before")
     for t in config.tables:
-        key = F.to_json(F.struct(*[F.get_json_object(image, f"$.{c}").alias(c) for c in t.key]))
-        mine = events.where(F.col("table_id") == t.source).withColumn("key", key)
-        last = mine.withColumn("n", F.row_number().over(Window.partitionBy("key").orderBy(F.col("position").desc()))).where("n = 1").drop("n")
+        last = _last_per_key(events.where(F.col("table_id") == t.source), F.coalesce("after", "before"), t.key, "key", "position")
         step(f"latest {t.name}", lambda last=last, t=t: last.write.format("delta").mode("overwrite").save(str(target / t.name)))
     ends = markers.where(F.col("status") == "END").select("transaction_id", "event_count")
     grouped = (events.where(F.col("transaction_id").isNotNull()).groupBy("transaction_id")
@@ -169,7 +190,6 @@ def run_naive_peer(spark: Any, config: Any, target: Path, files_per_batch: int) 
     micro-batches).
     """
     from delta.tables import DeltaTable
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from pyspark.sql.types import StructType
@@ -178,7 +198,6 @@ def run_naive_peer(spark: Any, config: Any, target: Path, files_per_batch: int) 
     schema = StructType.fromDDL("k STRING, seq STRUCT<file: STRING, pos: BIGINT, row: BIGINT>, op STRING, after STRING")
     for t in tables.values():
         DeltaTable.createIfNotExists(spark).location(str(target / t.name)).addColumns(schema).execute()
-    source_ddl = "db STRING, `table` STRING, file STRING, pos LONG, `row` LONG"
     batches = 0
     steps: dict[str, float] = {"events": 0.0}
 
@@ -186,21 +205,17 @@ def run_naive_peer(spark: Any, config: Any, target: Path, files_per_batch: int) 
         nonlocal batches
         batches += 1
         events = (df.select(F.from_json("value", ENVELOPE_DDL).alias("e"))
-                  .select("e.op", "e.before", "e.after", F.from_json("e.source", source_ddl).alias("src"))
+                  .select("e.op", "e.before", "e.after", F.from_json("e.source", BINLOG_DDL).alias("src"))
                   .where(F.col("op").isin("c", "u", "d", "r"))
-                  .select(F.concat_ws(".", "src.db", "src.table").alias("source"), "op", "after",
-                          F.coalesce("after", "before").alias("image"),
-                          F.struct(F.col("src.file").alias("file"), F.col("src.pos").alias("pos"), F.col("src.row").alias("row")).alias("seq"))
+                  .select(_table_id("src").alias("source"), "op", "after", F.coalesce("after", "before").alias("image"),
+                          _binlog_position("src").alias("seq"))
                   .persist())
         t_batch = time.perf_counter()
         events.count()  # parse the batch once; each table's MERGE reads it from memory
         steps["events"] += time.perf_counter() - t_batch
         for source, t in tables.items():
             t_merge = time.perf_counter()
-            key = F.to_json(F.struct(*[F.get_json_object("image", f"$.{c}").alias(c) for c in t.key]))
-            mine = events.where(F.col("source") == source).withColumn("k", key)
-            last = (mine.withColumn("n", F.row_number().over(Window.partitionBy("k").orderBy(F.col("seq").desc())))
-                    .where("n = 1").select("k", "seq", "op", "after"))
+            last = _last_per_key(events.where(F.col("source") == source), F.col("image"), t.key, "k", "seq").select("k", "seq", "op", "after")
             (DeltaTable.forPath(spark, str(target / t.name)).alias("t").merge(last.alias("s"), "t.k = s.k")
              .whenMatchedDelete("s.op = 'd' AND s.seq > t.seq")
              .whenMatchedUpdateAll("s.op <> 'd' AND s.seq > t.seq")
