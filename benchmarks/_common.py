@@ -86,7 +86,7 @@ def workload(transactions: int, seed: int, events_per_file: int = 500) -> Worklo
 
 
 def _generate(root: Path, transactions: int, seed: int, events_per_file: int) -> None:
-    from cdc_platform.generate import generate_workload
+    from cdc_platform.workload.generate import generate_workload
 
     t0 = time.perf_counter()
     w = generate_workload(root, transactions=transactions, seed=seed, events_per_file=events_per_file, track_state=False)
@@ -110,7 +110,7 @@ def built_lake(spark: Any, config: Any, root: Path, w: Workload) -> None:
     stamp = root / f"lake-{w.root.name}.done"
     if stamp.is_file():
         return
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     shutil.rmtree(root, ignore_errors=True)
     banner(f"building the lake: {w.change_events:,} change events")

@@ -33,9 +33,10 @@ def main() -> None:
 
     from pyspark.sql import functions as F
 
-    from cdc_platform import backfill, lake, lake_spark
+    from cdc_platform import backfill, lake
+    from cdc_platform.lake import lake_spark
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     w = workload(transactions_for(args.events), args.seed)
     root = OUT / "backfill"

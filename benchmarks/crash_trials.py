@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - exercised by tests/cdc_platform/test_c
         say,
     )
 
-from cdc_platform.processes import stop_group  # after _common, which puts the repo on sys.path
+from cdc_platform.spark.processes import stop_group  # after _common, which puts the repo on sys.path
 
 MODES = ("random", "after_offsets", "after_raw", "after_state", "after_metrics")
 
@@ -143,8 +143,8 @@ def run_trials(
     import yaml
 
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.generate import generate_workload
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.workload.generate import generate_workload
+    from cdc_platform.run.ingest import IngestJob
 
     fresh_dir(work)
     rng = random.Random(seed)
@@ -215,7 +215,7 @@ def run_trials(
     crash_seconds = time.perf_counter() - t_all
 
     feeder.land_all()
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     spark = spark or get_spark()
     t0 = time.perf_counter()

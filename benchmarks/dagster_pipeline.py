@@ -19,7 +19,7 @@ from pathlib import Path
 
 from _common import OUT, banner, fresh_dir, load_average, say
 
-from cdc_platform.generate import generate_workload, recent_start_ms
+from cdc_platform.workload.generate import generate_workload, recent_start_ms
 from dagster_project.webserver import graphql, serve
 
 LAUNCH = """

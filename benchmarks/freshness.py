@@ -50,7 +50,7 @@ from _common import (
 )
 
 from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
-from cdc_platform.processes import stop_group
+from cdc_platform.spark.processes import stop_group
 
 _SOURCE_TS = re.compile(r'("name":"payments","ts_ms":)\d{13}')
 _MARKER_TS = re.compile(r'("status":"(?:BEGIN|END)","id":"[^"]*","ts_ms":)\d{13}')
@@ -124,7 +124,8 @@ class Poller:
     def poll(self) -> int:
         from pyspark.sql import functions as F
 
-        from cdc_platform import lake, lake_spark
+        from cdc_platform import lake
+        from cdc_platform.lake import lake_spark
 
         frames = [lake_spark.read(self.spark, p).select("_event_id", "_source_ts") for p in self.paths if lake.exists(p)]
         if not frames:
@@ -223,8 +224,8 @@ def main() -> int:
         return through_stack(args)
 
     from cdc_platform.config import load_config
-    from cdc_platform.ingest import IngestJob
-    from cdc_platform.session import get_spark
+    from cdc_platform.run.ingest import IngestJob
+    from cdc_platform.spark.session import get_spark
 
     events_needed = int(args.rate * args.seconds * 1.1) + 1000
     w = workload(transactions_for(events_needed), args.seed, args.events_per_file)
@@ -320,7 +321,7 @@ def through_stack(args: argparse.Namespace) -> int:
     import yaml
 
     from cdc_platform.config import load_config
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
     from cdc_platform.testbed import Stack
 
     banner(f"freshness through the stack: {args.rate:,.0f} row changes/s for {args.seconds:.0f} s in transactions of {args.tx_rows}, "

@@ -20,10 +20,10 @@ import yaml
 from _common import OUT, alternating, banner, fresh_dir, say
 
 from cdc_platform.config import load_config
-from cdc_platform.generate import generate_workload
-from cdc_platform.ingest import IngestJob
+from cdc_platform.workload.generate import generate_workload
+from cdc_platform.run.ingest import IngestJob
 from cdc_platform.maintenance import maintain
-from cdc_platform.session import get_spark
+from cdc_platform.spark.session import get_spark
 
 
 def main() -> None:

@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5, help="measured MERGEs per size, pattern and layout (after one warm-up)")
     args = parser.parse_args()
 
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     banner("merge engine: delta-spark MERGE of a 10k-change batch, deletion vectors on and off")
     spark = get_spark("cdc-benchmark-merge-engine")

@@ -43,9 +43,10 @@ if str(REPO) not in sys.path:
 
 from _common import banner, exit_now, load_average, say  # noqa: E402
 
-from cdc_platform import lake, lake_spark, schemas  # noqa: E402
+from cdc_platform import lake
+from cdc_platform.lake import lake_spark, schemas
 from cdc_platform.config import PlatformConfig, parse_config  # noqa: E402
-from cdc_platform.latest_state import (  # noqa: E402
+from cdc_platform.stages.latest_state import (  # noqa: E402
     BASE,
     DELTA,
     LAYER,
@@ -54,8 +55,8 @@ from cdc_platform.latest_state import (  # noqa: E402
     compact,
     ensure_tables,
 )
-from cdc_platform.latest_state.writing import layer_rows  # noqa: E402
-from cdc_platform.stage import BatchContext, SparkBatch  # noqa: E402
+from cdc_platform.stages.latest_state.writing import layer_rows  # noqa: E402
+from cdc_platform.stages.stage import BatchContext, SparkBatch  # noqa: E402
 
 OUT = REPO / "benchmarks" / "out" / "merge_scaling"
 SOURCE = "bench.customers"
@@ -314,7 +315,7 @@ def measure(spark: Any, benches: list[Bench], pattern: str, batches: int, repeat
 def threshold_compaction(b: Bench) -> dict[str, Any]:
     """The stream's own compaction at its threshold (max(100k, 10% of the base) pending changes, uniform
     keys: the worst case), and what it adds per 10k batch when spread over the batches that filled it."""
-    from cdc_platform.latest_state import COMPACT_MIN_CHANGES, COMPACT_RATIO
+    from cdc_platform.stages.latest_state import COMPACT_MIN_CHANGES, COMPACT_RATIO
 
     pending = int(max(COMPACT_MIN_CHANGES, COMPACT_RATIO * b.rows))
     rng = np.random.default_rng(7)
@@ -342,7 +343,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per view query (the best is kept)")
     args = parser.parse_args()
 
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     started = time.perf_counter()
     banner("merge_scaling")

@@ -29,14 +29,15 @@ from _common import OUT, banner, cpu_seconds, exit_now, fresh_dir, say, transact
 
 
 def lake_rows(spark: Any, lake_dir: Any) -> dict[str, int]:
-    from cdc_platform import lake, lake_spark
+    from cdc_platform import lake
+    from cdc_platform.lake import lake_spark
 
     return {name: lake_spark.read(spark, path).count() for name, path in sorted(lake.lake_tables(lake_dir).items())}
 
 
 def run_once(spark: Any, config: Any, label: str) -> dict[str, Any]:
-    from cdc_platform.ingest import IngestJob
-    from cdc_platform.stage import RAW
+    from cdc_platform.run.ingest import IngestJob
+    from cdc_platform.stages.stage import RAW
 
     t0 = time.perf_counter()
     report = IngestJob(config).run_available_now(spark)
@@ -50,7 +51,7 @@ def run_once(spark: Any, config: Any, label: str) -> dict[str, Any]:
 
 def main() -> None:
     from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER, load_config
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
     from cdc_platform.storage import lake_location, parse_object_store
     from cdc_platform.testbed.object_store import S3Server
 

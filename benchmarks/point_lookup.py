@@ -26,9 +26,9 @@ from pathlib import Path
 
 from _common import OUT, REPO, banner, fresh_dir, load_average, say
 
-from cdc_platform import sql_client
-from cdc_platform.generate import generate_workload
-from cdc_platform.processes import die_with_parent, free_ports, stop_group
+from cdc_platform.serve import sql_client
+from cdc_platform.workload.generate import generate_workload
+from cdc_platform.spark.processes import die_with_parent, free_ports, stop_group
 
 CDC = Path(sys.executable).parent / "cdc"
 

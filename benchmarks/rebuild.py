@@ -38,10 +38,11 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     import cdc_platform
-    from cdc_platform import lake, lake_spark
+    from cdc_platform import lake
+    from cdc_platform.lake import lake_spark
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.latest_state import rebuild_table
-    from cdc_platform.session import get_spark
+    from cdc_platform.stages.latest_state import rebuild_table
+    from cdc_platform.spark.session import get_spark
 
     w = workload(transactions_for(args.events), args.seed)
     root = OUT / "rebuild"

@@ -1,6 +1,6 @@
 """Scale-out: `cdc run` on a Spark standalone cluster with one worker and with two (one core each), same workload.
 
-Each configuration gets a fresh cluster (`cdc_platform.cluster.LocalCluster`: master and workers on
+Each configuration gets a fresh cluster (`cdc_platform.spark.cluster.LocalCluster`: master and workers on
 127.0.0.1, from pyspark's own classes) and a fresh lake, and `cdc run --master spark://...` runs as a
 process of its own, exactly as a user runs it. Printed per configuration:
 
@@ -40,7 +40,7 @@ from typing import Any
 from _common import OUT, REPO, banner, cpu_seconds, descendants, exit_now, fresh_dir, load_average, say, transactions_for, workload
 
 from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
-from cdc_platform.stage import summed
+from cdc_platform.stages.stage import summed
 
 RUN_DIR = OUT / "scale_out"
 
@@ -86,7 +86,7 @@ def run_config(w: Any, workers: int, args: argparse.Namespace, label: str) -> di
     """A fresh cluster of `workers` one-core workers, a fresh lake, one `cdc run --master`; its figures."""
     import yaml
 
-    from cdc_platform.cluster import LocalCluster
+    from cdc_platform.spark.cluster import LocalCluster
 
     root = fresh_dir(RUN_DIR / label)
     lake = root / "lake"
@@ -200,7 +200,7 @@ def main() -> int:
     plan = [(r, n) for r in range(args.repeat) for n in (sizes if r % 2 == 0 else sizes[::-1])]
     results = [run_config(w, n, args, f"{n}-worker{'s' if n > 1 else ''}-round{r + 1}") for r, n in plan]
 
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     spark = get_spark("cdc-benchmark-scale-out")  # local, after the clusters are gone: reads the lakes
     ok = True

@@ -94,9 +94,9 @@ def _jobs_by_label(spark: Any) -> dict[str, set[int]] | None:
 def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady: bool) -> None:
     """One process, one Spark session with the variant's settings: `runs` runs, a JSON line per run on stdout."""
     from cdc_platform.config import load_config
-    from cdc_platform.generate import generate_workload
-    from cdc_platform.ingest import IngestJob
-    from cdc_platform.session import get_spark
+    from cdc_platform.workload.generate import generate_workload
+    from cdc_platform.run.ingest import IngestJob
+    from cdc_platform.spark.session import get_spark
 
     root = fresh_dir(OUT / "small_batches" / name)
     sample = generate_workload(root / "sample", transactions=transactions * (runs if steady else 1), seed=7, track_state=False)

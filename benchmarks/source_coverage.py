@@ -42,9 +42,11 @@ def main() -> int:
         sys.path.insert(0, str(args.package_root.resolve()))
 
     import cdc_platform
-    from cdc_platform import lake, source_connection, source_coverage, views
+    from cdc_platform import lake, views
+    from cdc_platform.sources import source_connection
+    from cdc_platform.checks import source_coverage
     from cdc_platform.config import TableConfig
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     banner("coverage against the live source")
     say(f"package: {Path(cdc_platform.__file__).parent}; {args.rows:,} rows a side, one in {args.differ:,} different")

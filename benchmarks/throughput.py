@@ -290,8 +290,8 @@ def parse_only(w: Any, limit_lines: int) -> None:
     import pyarrow as pa
 
     from cdc_platform.config import load_config
-    from cdc_platform.envelope import KeySpec
-    from cdc_platform.parsed_batches import parse_arrow_batches
+    from cdc_platform.parse.envelope import KeySpec
+    from cdc_platform.parse.parsed_batches import parse_arrow_batches
 
     keys = KeySpec(dict(load_config(w.config_path).keys_by_source))
     lines: list[str] = []
@@ -351,9 +351,9 @@ def main() -> int:
         return 0
 
     from cdc_platform.config import load_config, with_overrides
-    from cdc_platform.ingest import IngestJob, default_stages
-    from cdc_platform.session import get_spark
-    from cdc_platform.stage import RAW
+    from cdc_platform.run.ingest import IngestJob, default_stages
+    from cdc_platform.spark.session import get_spark
+    from cdc_platform.stages.stage import RAW
 
     run_dir = OUT / "throughput"
     fresh_dir(run_dir)

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/transactions.py --pipeline            # also the whole `cdc run` (Spark)
     .venv/bin/python benchmarks/transactions.py --transactions 100000 # smaller
 
-The workload is `cdc_platform.generate` (Debezium MySQL, BEGIN/END markers in their own topic, three
+The workload is `cdc_platform.workload.generate` (Debezium MySQL, BEGIN/END markers in their own topic, three
 tables, duplicates, a late delivery, truncated lines), kept under benchmarks/out/ between runs.
 
 Stage mode feeds the stage exactly what the stream would: landing files in modification-time order,
@@ -39,15 +39,15 @@ if str(REPO) not in sys.path:  # run as `python benchmarks/transactions.py` with
 import pyarrow as pa  # noqa: E402
 from _common import exit_now  # noqa: E402
 
-from cdc_platform import lake  # noqa: E402
-from cdc_platform import transactions as T  # noqa: E402
+from cdc_platform import lake
+from cdc_platform.stages import transactions as T
 from cdc_platform.config import PlatformConfig, load_config  # noqa: E402
-from cdc_platform.envelope import KeySpec, parse_line  # noqa: E402
-from cdc_platform.ingest import IngestJob  # noqa: E402
-from cdc_platform.parsed_batches import rows_to_batch, split_parsed  # noqa: E402
-from cdc_platform.stage import BatchContext, apply_stage  # noqa: E402
-from cdc_platform.transactions import aggregation as tx_aggregation  # noqa: E402
-from cdc_platform.transactions import stage as tx_stage  # noqa: E402
+from cdc_platform.parse.envelope import KeySpec, parse_line  # noqa: E402
+from cdc_platform.run.ingest import IngestJob  # noqa: E402
+from cdc_platform.parse.parsed_batches import rows_to_batch, split_parsed  # noqa: E402
+from cdc_platform.stages.stage import BatchContext, apply_stage  # noqa: E402
+from cdc_platform.stages.transactions import aggregation as tx_aggregation  # noqa: E402
+from cdc_platform.stages.transactions import stage as tx_stage  # noqa: E402
 
 OUT = REPO / "benchmarks" / "out"
 
@@ -62,7 +62,7 @@ def load() -> str:
 
 
 def workload(transactions: int, seed: int) -> tuple[Path, PlatformConfig, Any]:
-    from cdc_platform.generate import generate_workload
+    from cdc_platform.workload.generate import generate_workload
 
     root = OUT / f"transactions-t{transactions}-s{seed}"
     done = root / ".complete"
@@ -152,7 +152,7 @@ def run_stage(config: PlatformConfig, global_clock: bool = False) -> dict[str, A
 
 
 def run_pipeline(config: PlatformConfig) -> dict[str, Any]:
-    from cdc_platform.session import get_spark
+    from cdc_platform.spark.session import get_spark
 
     fresh_lake(config)
     spark = get_spark("cdc-benchmark-transactions")

@@ -23,8 +23,8 @@ import yaml
 from _common import OUT, banner, fresh_dir, load_average, say
 
 from cdc_platform.config import load_config
-from cdc_platform.ingest import IngestJob
-from cdc_platform.session import get_spark
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.spark.session import get_spark
 
 
 def events(columns: int, rows: int, batch: int, position: int) -> list[str]:

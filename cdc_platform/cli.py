@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cdc_platform import spark_errors
+from cdc_platform.spark import spark_errors
 from cdc_platform.config import PlatformConfig, check_spark_master, lake_from_flag, load_config
 from cdc_platform.errors import CdcError, LakeError, QueryError
-from cdc_platform.processes import stop_on_signals
+from cdc_platform.spark.processes import stop_on_signals
 from cdc_platform.storage import LakePath, is_remote
 
 DEMO_DIR = Path(".cdc-demo")
@@ -42,7 +42,7 @@ def _config(args: argparse.Namespace) -> PlatformConfig:
 
 
 def _spark(master: str | None = None, announce: bool = True, object_store: bool = False) -> Any:
-    from cdc_platform.session import DEFAULT_MASTER, get_spark, submitted
+    from cdc_platform.spark.session import DEFAULT_MASTER, get_spark, submitted
 
     if announce:
         where = master or ("spark-submit's master" if submitted() else DEFAULT_MASTER)
@@ -81,8 +81,8 @@ def quiet_spark_error_logs(spark: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cdc_platform.ingest import IngestJob
-    from cdc_platform.stage import RAW
+    from cdc_platform.run.ingest import IngestJob
+    from cdc_platform.stages.stage import RAW
 
     config = _config(args)
     spark = _spark(config.spark_master, object_store=config.lake_is_remote)
@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     config = _config(args)
     spark = _spark(config.spark_master, object_store=config.lake_is_remote)
@@ -195,7 +195,7 @@ def _sql_via_server(lake_dir: LakePath, args: argparse.Namespace) -> bool:
     A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
     of its client library is not an error: the query runs in a local session instead, and says why.
     """
-    from cdc_platform.sql_client import ServerUnavailable, find_server, remote_query, table_names
+    from cdc_platform.serve.sql_client import ServerUnavailable, find_server, remote_query, table_names
 
     info, why_not = find_server(lake_dir)
     if info is None:
@@ -222,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from cdc_platform.config import check_catalog_schema, resolve_config_path
     from cdc_platform.serve import Server
-    from cdc_platform.sql_client import state_path
+    from cdc_platform.serve.sql_client import state_path
 
     if args.lake and not args.config and resolve_config_path(None) is None:
         lake_dir, schema, master = lake_from_flag(args.lake), args.schema or "cdc", check_spark_master(args.master)
@@ -252,7 +252,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _generate(out: Path, transactions: int, seed: int, append: bool = False) -> Any:
     """The sample as if captured just now, so freshness checks judge it like a live database."""
-    from cdc_platform.generate import append_workload, generate_workload, recent_start_ms
+    from cdc_platform.workload.generate import append_workload, generate_workload, recent_start_ms
 
     now_ms = int(time.time() * 1000)
     if append:
@@ -261,7 +261,7 @@ def _generate(out: Path, transactions: int, seed: int, append: bool = False) -> 
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from cdc_platform.demo import cdc_command, shell_path
+    from cdc_platform.workload.demo import cdc_command, shell_path
 
     w = _generate(Path(args.out), args.transactions, args.seed, append=args.append)
     what = "an increment of" if args.append else ""
@@ -274,8 +274,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cdc_platform import demo
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.workload import demo
+    from cdc_platform.run.ingest import IngestJob
     from cdc_platform.views import register_lake
 
     t0 = time.perf_counter()
@@ -303,7 +303,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from cdc_platform.latest_state import rebuild_table
+    from cdc_platform.stages.latest_state import rebuild_table
 
     config = _config(args)
     _spark(config.spark_master, object_store=config.lake_is_remote)

@@ -19,7 +19,7 @@ import yaml
 
 from cdc_platform.config_source import SourceConfig, parse_source
 from cdc_platform.errors import ConfigError
-from cdc_platform.source_connection import SourceConnection, parse_source_connection
+from cdc_platform.sources.source_connection import SourceConnection, parse_source_connection
 from cdc_platform.storage import LakePath, ObjectStoreConfig, is_remote, is_url, lake_location, parse_object_store
 
 CONFIG_ENV_VAR = "CDC_CONFIG"

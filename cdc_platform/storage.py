@@ -211,7 +211,7 @@ def spark_location(spark: SparkSession | None, path: LakePath | str) -> str:
         key = (spark.sparkContext.applicationId, bucket_of(path))
         with _LOCK:
             if _CONFIGURED.get(key) != options:  # once per session and bucket, not on every location
-                from cdc_platform.session import require_object_store
+                from cdc_platform.spark.session import require_object_store
 
                 require_object_store(str(path))
                 conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]

@@ -27,7 +27,7 @@ from dagster import (
 from cdc_platform import backfill, checks, maintenance
 from cdc_platform.config import PlatformConfig
 from cdc_platform.lake import quote_identifier
-from cdc_platform.ingest import IngestJob
+from cdc_platform.run.ingest import IngestJob
 from dagster_project import metadata as md
 from dagster_project.resources import CdcResource
 

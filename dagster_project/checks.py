@@ -1,5 +1,5 @@
 """Asset checks: each reads the resource, calls a function of `cdc_platform.checks` (or the GX adapter
-in `cdc_platform.quality`), and maps its `CheckOutcome` to an `AssetCheckResult` through `to_result`,
+in `cdc_platform.checks.quality`), and maps its `CheckOutcome` to an `AssetCheckResult` through `to_result`,
 the one adapter. All of them are one multi-asset check (`build_checks`) that evaluates the selected
 ones side by side on the run's Spark session."""
 
@@ -26,7 +26,8 @@ from dagster import (
     build_sensor_for_freshness_checks,
 )
 
-from cdc_platform import backfill, checks, quality
+from cdc_platform import backfill, checks
+from cdc_platform.checks import quality
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import table_path
 from dagster_project.assets import fresh_assets
@@ -103,7 +104,7 @@ def coverage_check(table: TableConfig) -> PlatformCheck:
 
 def source_coverage_check(table: TableConfig) -> PlatformCheck:
     def evaluate(cdc: CdcResource) -> checks.CheckOutcome:
-        from cdc_platform.source_coverage import source_coverage
+        from cdc_platform.checks.source_coverage import source_coverage
 
         connection = cdc.config.source_connection
         assert connection is not None  # built only when the config names one

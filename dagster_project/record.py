@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cdc_platform import checks, lake
 from cdc_platform.config import load_config
-from cdc_platform.demo import COUNTS_FILE
+from cdc_platform.workload.demo import COUNTS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 

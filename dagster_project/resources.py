@@ -30,7 +30,7 @@ class CdcResource(ConfigurableResource):
         return load_config(self.config_path)
 
     def spark(self) -> SparkSession:
-        from cdc_platform.session import SHORT_LIVED_JVM, get_spark
+        from cdc_platform.spark.session import SHORT_LIVED_JVM, get_spark
 
         # A run is one process with its own JVM, gone when the run ends (see SHORT_LIVED_JVM).
         return get_spark("cdc-dagster", master=self.config.spark_master, conf=SHORT_LIVED_JVM, object_store=self.config.lake_is_remote)

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from xml.etree import ElementTree
 
-from cdc_platform.session import JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR
+from cdc_platform.spark.session import JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 POM = REPO / "jvm" / "pom.xml"

@@ -42,7 +42,7 @@ def main() -> int:
     if config is None:
         config = REPO / ".cdc-demo" / "cdc.yaml"
         if not config.is_file():
-            from cdc_platform.generate import generate_workload
+            from cdc_platform.workload.generate import generate_workload
 
             generate_workload(REPO / ".cdc-demo")
     out = Path(args.out).resolve()

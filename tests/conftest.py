@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     `SPARK_CONF_DIR` (a `spark-defaults.conf` beside the package's logging config), the way a user would set
     them; what the children compute does not depend on the JIT tier.
     """
-    from cdc_platform.session import SHORT_LIVED_JVM
+    from cdc_platform.spark.session import SHORT_LIVED_JVM
 
     folder = Path(tempfile.mkdtemp(prefix="cdc-tests-spark-conf-"))
     shutil.copyfile(str(resources.files("cdc_platform").joinpath("spark_conf", "log4j2.properties")), folder / "log4j2.properties")
@@ -102,7 +102,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from cdc_platform.session import get_spark, stop_spark
+    from cdc_platform.spark.session import get_spark, stop_spark
 
     # With Hadoop's S3A jars (`make test` resolves them): the object-store lake's tests share this session.
     session = get_spark("cdc-platform-tests", object_store=True, conf=LONG_LIVED_DRIVER)
@@ -126,7 +126,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     Started only by the tests that ask for it. It cannot share this process with the `spark` fixture's
     local session (one SparkContext per process), so tests drive it from a `python -m cdc_platform` child.
     """
-    from cdc_platform.cluster import LocalCluster
+    from cdc_platform.spark.cluster import LocalCluster
 
     cluster = LocalCluster(workers=2, cores=1, memory="1g", work_dir=tmp_path_factory.mktemp("spark-cluster"))
     cluster.start()
@@ -177,7 +177,7 @@ def lake_at(spark: Any) -> Callable[..., PlatformConfig]:
     """`lake_at(root, tables, lines)`: a cdc.yaml under `root` (relative landing and lake), `lines` landed as one
     file, one `cdc run`; the loaded config. What `make_config`, `land` and `run_pipeline` do, at any root
     (a lake template's, or several in one test)."""
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     def build(root: Path, tables: dict[str, dict[str, Any]], lines: list[str]) -> PlatformConfig:
         (root / "landing").mkdir(parents=True, exist_ok=True)
@@ -229,7 +229,7 @@ def land(tmp_path: Path) -> Callable[..., Path]:
 @pytest.fixture
 def run_pipeline(spark: Any) -> Callable[[PlatformConfig], Any]:
     """Run `cdc run` in-process (available-now trigger) over the config's landing directory."""
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     def go(config: PlatformConfig) -> Any:
         return IngestJob(config).run_available_now(spark)

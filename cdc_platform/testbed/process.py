@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdc_platform.processes import HOST, free_ports, group_alive, log_tail, port_open, stop_group
-from cdc_platform.processes import die_with_parent as _die_with_parent
+from cdc_platform.spark.processes import HOST, free_ports, group_alive, log_tail, port_open, stop_group
+from cdc_platform.spark.processes import die_with_parent as _die_with_parent
 from cdc_platform.testbed.errors import TestbedError
 
 __all__ = ["HOST", "Service", "free_ports", "group_alive", "log_tail", "port_open", "run", "stop_group"]

@@ -72,7 +72,7 @@ def test_an_older_snapshot_leaves_newer_changes_intact(streamed, query) -> None:
 
 
 def test_no_resurrection_after_tombstones_are_purged(streamed, query) -> None:
-    from cdc_platform.latest_state import compact, purge_tombstones
+    from cdc_platform.stages.latest_state import compact, purge_tombstones
 
     table = streamed.table("customers")
     path = lake.table_path(streamed.lake, "customers")
@@ -111,7 +111,7 @@ def test_a_key_changes_old_key_is_the_raw_logs_text_for_that_key_every_digit_kep
     import pyarrow as pa
 
     from cdc_platform.config import TableConfig
-    from cdc_platform.envelope import KeySpec, parse_line
+    from cdc_platform.parse.envelope import KeySpec, parse_line
 
     big = "12345678901234567.25"
     doc = json.loads(event("c", 1, 100, "ann"))
@@ -167,7 +167,7 @@ def test_backfills_racing_the_stream_lose_no_update(spark, make_config, land, qu
     """
     import threading
 
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     cfg = make_config(CUSTOMERS)
     land("seed.jsonl", [event("c", k, 1000 + k, f"v0-{k}") for k in range(1, 41)])
@@ -213,7 +213,7 @@ def test_backfills_racing_the_stream_lose_no_update(spark, make_config, land, qu
 
 
 def test_backfill_into_a_table_nothing_has_streamed_to_yet(make_config, query) -> None:
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     cfg = make_config(CUSTOMERS)
     IngestJob(cfg).setup()  # tables exist, with only their metadata columns
@@ -240,7 +240,7 @@ def truncate(pos: int) -> str:
 def test_a_key_change_and_a_truncate_in_the_log_keep_older_snapshot_rows_out(lake_templates, lake_at, tmp_path, spark, query) -> None:
     """DBLog's rule for the two log events that delete without naming the snapshot's key as theirs: an update that
     moves a row to a new key deletes the old key at its position, and a truncate deletes every key below its own."""
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     def build(root) -> None:
         lake_at(root, CUSTOMERS, [event("c", 5, 100, "eve"), key_change(5, 6, 200, "eve"), event("c", 7, 300, "gil")])

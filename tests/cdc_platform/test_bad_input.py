@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from cdc_platform import lake
-from cdc_platform.envelope import KeySpec, parse_bytes
+from cdc_platform.parse.envelope import KeySpec, parse_bytes
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "bad_input"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))
@@ -84,7 +84,7 @@ def test_each_line_has_its_expected_fate_in_the_parser(name: str) -> None:
 
 
 def test_corpus_through_the_stream(tmp_path: Path, spark: Any, make_config: Any) -> None:
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     cfg = make_config(EXPECTED["tables"], max_files_per_trigger=8)
     landing = cfg.landing
@@ -178,8 +178,8 @@ def test_every_stage_survives_the_corpus(tmp_path: Path, spark: Any, make_config
 
     import pyarrow as pa
 
-    from cdc_platform.ingest import IngestJob
-    from cdc_platform.parsed_batches import rows_to_batch
+    from cdc_platform.run.ingest import IngestJob
+    from cdc_platform.parse.parsed_batches import rows_to_batch
 
     cfg = make_config(EXPECTED["tables"])
     jobs = [IngestJob(cfg)]

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import checks, quality
+from cdc_platform import checks
+from cdc_platform.checks import quality
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
-from cdc_platform.ingest import IngestJob
+from cdc_platform.run.ingest import IngestJob
 from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 
@@ -140,7 +141,8 @@ def test_freshness_of_an_empty_lake_is_unknown(make_config) -> None:
 
 
 def test_new_dead_letters_warn_once(spark, small_lake, land, run_pipeline, monkeypatch) -> None:
-    from cdc_platform import lake, lake_spark
+    from cdc_platform import lake
+    from cdc_platform.lake import lake_spark
 
     floors: list[Any] = []
     newest_floor = checks.newest_floor
@@ -177,7 +179,7 @@ def test_suite_templates_expand_key_columns(tmp_path: Path) -> None:
 
 
 def test_gx_suite_on_the_raw_log_passes_and_a_bad_frame_fails(spark, small_lake_copy) -> None:
-    from cdc_platform.lake_spark import read
+    from cdc_platform.lake.lake_spark import read
 
     (suite,) = quality.suites_for("raw_change_events")
     good = quality.validate(read(spark, small_lake_copy.lake / "raw_change_events"), suite)
@@ -208,7 +210,8 @@ def test_unconfigured_tables_are_reported(small_lake, land, run_pipeline) -> Non
 def test_the_census_of_the_raw_log_counts_on_from_the_last_one(spark, small_lake, land, run_pipeline) -> None:
     """What the onboarding sensor keeps in its cursor: a later census reads only the files added since, and
     counts what a census from scratch counts; rewritten files, a lake made anew or a foreign cursor count afresh."""
-    from cdc_platform import lake, lake_spark
+    from cdc_platform import lake
+    from cdc_platform.lake import lake_spark
 
     event = {"before": None, "after": {"id": 9}, "op": "c", "ts_ms": 1, "transaction": None,
              "source": {"connector": "mysql", "db": "payments", "table": "audits", "ts_ms": 1, "file": "b.000001", "pos": 9}}
@@ -316,7 +319,7 @@ def test_completeness_does_not_blame_a_lagging_topic(spark, make_config, land, r
 
 def test_completeness_passes_on_the_sample_workload(spark, tmp_path, run_pipeline) -> None:
     from cdc_platform.config import load_config
-    from cdc_platform.generate import generate_workload
+    from cdc_platform.workload.generate import generate_workload
 
     workload = generate_workload(tmp_path / "w", transactions=80, seed=4)
     cfg = load_config(workload.config_path)
@@ -335,7 +338,7 @@ def test_a_lake_from_before_heartbeat_times_reads_without_them(tmp_path: Path) -
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from cdc_platform import schemas
+    from cdc_platform.lake import schemas
 
     old = pa.schema([f for f in schemas.PIPELINE_METRICS if f.name != "newest_heartbeat_ts"])
     at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -353,7 +356,7 @@ def test_the_stream_sensor_reads_the_batches_after_its_cursor_in_order(tmp_path:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from cdc_platform import schemas
+    from cdc_platform.lake import schemas
 
     at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -436,7 +439,7 @@ def test_the_newest_dead_letters_are_read_from_the_newest_files(tmp_path: Path) 
     import pyarrow.compute as pc
     from deltalake import DeltaTable, write_deltalake
 
-    from cdc_platform import schemas
+    from cdc_platform.lake import schemas
 
     at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     path = tmp_path / "dead_letter"

@@ -106,7 +106,7 @@ def test_installed_entry_point_generate_stream_stopped_by_ctrl_c_and_sql(tmp_pat
 
 def test_missing_java_stops_with_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cdc_platform.errors import EnvironmentNotReadyError
-    from cdc_platform.session import require_java
+    from cdc_platform.spark.session import require_java
 
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -120,7 +120,7 @@ def test_missing_java_stops_with_one_clear_line(tmp_path: Path, monkeypatch: pyt
 
 def test_old_java_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cdc_platform.errors import EnvironmentNotReadyError
-    from cdc_platform.session import require_java
+    from cdc_platform.spark.session import require_java
 
     fake = tmp_path / "bin" / "java"
     fake.parent.mkdir()
@@ -133,7 +133,7 @@ def test_old_java_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_master_flag_reaches_the_config_and_a_second_master_is_refused(tmp_path: Path, spark, capsys) -> None:
     from cdc_platform.cli import _config, build_parser
-    from cdc_platform.session import get_spark, loopback_standalone
+    from cdc_platform.spark.session import get_spark, loopback_standalone
 
     config = tmp_path / "cdc.yaml"
     config.write_text("landing: landing\nlake: lake\nspark_master: spark://10.0.0.5:7077\n")

@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from cdc_platform.config import load_config
-from cdc_platform.generate import generate_workload
-from cdc_platform.ingest import IngestJob
+from cdc_platform.workload.generate import generate_workload
+from cdc_platform.run.ingest import IngestJob
 from cdc_platform.views import register_lake
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,8 +148,8 @@ def test_cdc_run_on_a_standalone_cluster_builds_the_local_lake(
 
 def test_a_server_stops_with_its_whole_process_group(tmp_path: Path) -> None:
     """What the cluster relies on to leave nothing behind: the group goes, children and all, even if it ignores SIGTERM."""
-    from cdc_platform.cluster import Server
-    from cdc_platform.processes import group_alive as _group_alive
+    from cdc_platform.spark.cluster import Server
+    from cdc_platform.spark.processes import group_alive as _group_alive
 
     for script, grace in (("sleep 60 & sleep 60 & wait", 10.0), ("trap '' TERM; sleep 60 & wait", 0.5)):
         server = Server("sleepers", tmp_path / "sleepers.log")

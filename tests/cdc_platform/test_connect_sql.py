@@ -18,10 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_platform import connect_sql as C
-from cdc_platform.envelope import loads_json
-from cdc_platform.json_codec import json_text
-from cdc_platform.latest_state.connect_types import BadValue, connect_type, infer_type, type_name
+from cdc_platform.views import connect_sql as C
+from cdc_platform.parse.envelope import loads_json
+from cdc_platform.parse.json_codec import json_text
+from cdc_platform.stages.latest_state.connect_types import BadValue, connect_type, infer_type, type_name
 
 D = decimal.Decimal
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import control_records, lake
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.latest_state import compact
-from cdc_platform.parsed_batches import rows_to_batch
-from cdc_platform.unavailable import PLACEHOLDER, DEFAULT, placeholder_forms
+from cdc_platform.parse import control_records
+from cdc_platform import lake
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.stages.latest_state import compact
+from cdc_platform.parse.parsed_batches import rows_to_batch
+from cdc_platform.stages.unavailable import PLACEHOLDER, DEFAULT, placeholder_forms
 from tests.cdc_platform.test_latest_state import ORDERS, Feed, c, ev, state, u
 
 PH = PLACEHOLDER

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import envelope, json_codec
-from cdc_platform.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line
-from cdc_platform.parsed_batches import rows_to_batch
-from cdc_platform.schemas import PARSED
+from cdc_platform.parse import envelope, json_codec
+from cdc_platform.parse.envelope import REASONS, KeySpec, normalise_transaction_id, parse_line
+from cdc_platform.parse.parsed_batches import rows_to_batch
+from cdc_platform.lake.schemas import PARSED
 
 KEYS = KeySpec({"inventory.products": ["id"], "payments.customers": ["id"]})
 
@@ -192,7 +192,7 @@ def test_dead_letter_reasons(code: str, line: str) -> None:
 
 
 def test_line_too_long(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cdc_platform.envelope as envelope
+    import cdc_platform.parse.envelope as envelope
 
     monkeypatch.setattr(envelope, "MAX_LINE_CHARS", 100)
     row = parse_line(json.dumps(change()), "f", KEYS)
@@ -252,7 +252,7 @@ def _random_value(rng: Any, depth: int = 0) -> Any:
 def test_orjson_fast_path_matches_the_stdlib_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
     import random
 
-    import cdc_platform.envelope as envelope
+    import cdc_platform.parse.envelope as envelope
 
     if envelope._orjson is None:
         pytest.skip("orjson is not installed: only the stdlib path exists")
@@ -271,8 +271,8 @@ def test_orjson_fast_path_matches_the_stdlib_byte_for_byte(monkeypatch: pytest.M
 def test_not_utf8_keeps_the_bad_bytes_visible_and_the_rest_of_the_batch() -> None:
     import pyarrow as pa
 
-    from cdc_platform.envelope import parse_bytes
-    from cdc_platform.parsed_batches import parse_arrow_batches
+    from cdc_platform.parse.envelope import parse_bytes
+    from cdc_platform.parse.parsed_batches import parse_arrow_batches
 
     row = parse_bytes(b'{"a": "caf\xe9"}', "f", KEYS)
     assert row["reason_code"] == "not_utf8" and "byte 0xe9 at offset 10" in row["reason"]

@@ -6,9 +6,9 @@ import json
 
 import pyarrow as pa
 
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.parsed_batches import parse_arrow_batches
-from cdc_platform.schemas import KAFKA_ORIGIN_COLUMNS, PARSED
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.parse.parsed_batches import parse_arrow_batches
+from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, PARSED
 
 KEYS = KeySpec({"public.accounts": ("id",)})
 
@@ -73,7 +73,8 @@ def test_file_lines_have_null_origin_and_non_utf8_kafka_values_dead_letter() -> 
 
 
 def test_the_executors_carry_the_kafka_columns_like_the_parser_in_the_driver(spark) -> None:  # noqa: ANN001
-    from cdc_platform import parse_spark, schemas
+    from cdc_platform.parse import parse_spark
+    from cdc_platform.lake import schemas
 
     n = 40
     values = [change("c", None, {"id": i}, 100 + i) if i % 5 else None for i in range(n)]

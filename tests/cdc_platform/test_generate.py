@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_platform.generate import CDC_YAML, SERVER_UUID, GeneratedWorkload, append_workload, generate_workload
+from cdc_platform.workload.generate import CDC_YAML, SERVER_UUID, GeneratedWorkload, append_workload, generate_workload
 from cdc_platform.errors import ConfigError
 
 TOPICS = {
@@ -486,7 +486,7 @@ def test_binlog_rotation_keeps_positions_ordered(tmp_path: Path) -> None:
 
 
 def test_start_time_moves_the_source_clock_only(tmp_path: Path) -> None:
-    from cdc_platform.generate import START_MS, recent_start_ms
+    from cdc_platform.workload.generate import START_MS, recent_start_ms
 
     fixed = generate_workload(tmp_path / "a", transactions=30, seed=5)
     moved = generate_workload(tmp_path / "b", transactions=30, seed=5, start_ms=START_MS + 86_400_000)
@@ -559,7 +559,7 @@ def test_append_needs_a_generated_workload(tmp_path: Path) -> None:
 def test_a_writer_never_overwrites_a_landed_file(tmp_path: Path) -> None:
     import random
 
-    from cdc_platform.generate_files import TopicWriter
+    from cdc_platform.workload.generate_files import TopicWriter
 
     (tmp_path / "part-00003.jsonl").write_text("landed\n")
     writer = TopicWriter(tmp_path, 10, random.Random(1), faults=False, first_file=3)

@@ -16,10 +16,10 @@ import pytest
 
 from cdc_platform import lake
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.ingest import IngestJob
-from cdc_platform.parsed_batches import rows_to_batch
-from cdc_platform.stage import BatchContext, ParsedBatch, StageResult
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.parse.parsed_batches import rows_to_batch
+from cdc_platform.stages.stage import BatchContext, ParsedBatch, StageResult
 from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 PRODUCTS = {"inventory.products": {"key": ["id"]}}
@@ -170,7 +170,7 @@ def test_a_batch_that_crashed_midway_completes_once_on_replay(make_config) -> No
 def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays_once(make_config, monkeypatch) -> None:
     """The raw log commits before the markers; a markers error fails the batch with the events landed,
     and the replay writes only what is missing."""
-    from cdc_platform import lake_spark
+    from cdc_platform.lake import lake_spark
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
     stage = WaitsForRaw()
@@ -212,7 +212,7 @@ class WaitsForRaw:
         self.config = config
 
     def run(self, batch: Any, ctx: BatchContext) -> StageResult:
-        from cdc_platform.stage import StageFailure
+        from cdc_platform.stages.stage import StageFailure
 
         try:
             batch.raw_landed()
@@ -267,7 +267,7 @@ class ArrowSide(SideStage):
 
 
 def test_the_driver_side_stage_runs_beside_the_spark_stages(make_config) -> None:
-    from cdc_platform.stage import StageFailure
+    from cdc_platform.stages.stage import StageFailure
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
     batch = parsed_batch([event(pos=1), event(pos=2, row_id=2)], {"payments.customers": ["id"]})
@@ -406,8 +406,9 @@ def test_executors_parse_exactly_as_the_parser_in_the_driver(spark: Any, peer_fi
     """
     from pyspark.sql import functions as F
 
-    from cdc_platform import parse_spark, schemas
-    from cdc_platform.parsed_batches import parse_arrow_batches
+    from cdc_platform.parse import parse_spark
+    from cdc_platform.lake import schemas
+    from cdc_platform.parse.parsed_batches import parse_arrow_batches
     from tests.cdc_platform.test_bad_input import CORPUS
 
     paths = [str(p) for p in sorted(CORPUS.glob("*.jsonl")) + sorted(peer_files.values())]

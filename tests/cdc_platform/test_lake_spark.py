@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import lake_spark
+from cdc_platform.lake import lake_spark
 
 SCHEMA = "event_id STRING, event_date DATE, v BIGINT"
 D1, D2 = dt.date(2026, 1, 1), dt.date(2026, 1, 2)
@@ -73,9 +73,9 @@ def test_a_new_table_checkpoints_at_its_drawn_interval_and_an_old_one_keeps_its_
 def test_the_tables_a_batch_writes_checkpoint_in_different_batches() -> None:
     """Every table of the sample lake at one interval checkpointed in the same batch, every tenth; drawn
     intervals leave fewer than half of them checkpointing together in 99 batches of 100."""
-    from cdc_platform import generate
-    from cdc_platform.stage import DEAD_LETTER, MARKERS, METRICS, RAW
-    from cdc_platform.transactions.schemas import INCOMPLETE, LATE, OPEN_TRANSACTIONS, TRANSACTIONS, WATERMARK
+    from cdc_platform.workload import generate
+    from cdc_platform.stages.stage import DEAD_LETTER, MARKERS, METRICS, RAW
+    from cdc_platform.stages.transactions.schemas import INCOMPLETE, LATE, OPEN_TRANSACTIONS, TRANSACTIONS, WATERMARK
 
     names = [RAW, MARKERS, METRICS, DEAD_LETTER, TRANSACTIONS, INCOMPLETE, LATE, OPEN_TRANSACTIONS, WATERMARK, *generate.TABLES]
     together = sorted(sum(1 for n in names if version % lake_spark.checkpoint_interval(n) == 0) for version in range(1, 3001))

@@ -14,14 +14,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_platform import lake, lake_spark
+from cdc_platform import lake
+from cdc_platform.lake import lake_spark
 from cdc_platform.cli import main
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.ingest import IngestJob
-from cdc_platform.latest_state import LatestStateStage, compact
-from cdc_platform.parsed_batches import rows_to_batch
-from cdc_platform.run_reports import BatchReport
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.stages.latest_state import LatestStateStage, compact
+from cdc_platform.parse.parsed_batches import rows_to_batch
+from cdc_platform.run.run_reports import BatchReport
 from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
 T0 = 1_767_225_600_000

@@ -125,7 +125,7 @@ def e2e(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
     """One landing file with a table per group of families, one `cdc run`. Module-scoped (the conftest builders are
     per test) so that the run happens once for all the family tests below."""
     from cdc_platform.config import load_config
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
     from cdc_platform.views import register_lake
 
     root: Path = tmp_path_factory.mktemp("type_props")

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc_platform.config import TableConfig
-from cdc_platform.latest_state.rows import Events, change_rows, type_rows, type_votes
-from cdc_platform.latest_state.type_votes import Vote, decide_type, decide_types, merge_votes
+from cdc_platform.stages.latest_state.rows import Events, change_rows, type_rows, type_votes
+from cdc_platform.stages.latest_state.type_votes import Vote, decide_type, decide_types, merge_votes
 
 TABLE = TableConfig("s.t", "t", ("id",))
 DECLARED = {"int16": {"type": "int16"}, "int32": {"type": "int32"}, "string": {"type": "string"},

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from cdc_platform.config import ConfigError, parse_config
-from cdc_platform.latest_state import BadValue, connect_type, fold_latest, infer_type, join_types, type_name
+from cdc_platform.stages.latest_state import BadValue, connect_type, fold_latest, infer_type, join_types, type_name
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -98,8 +98,8 @@ def test_table_config_keys() -> None:
 def typed(afters: list[dict], declared: list[dict] | None = None, stored: dict | None = None, coerce: bool = False):  # type: ignore[no-untyped-def]
     """Run the stage's typing on `c` events with these row images (optionally with Connect fields)."""
     from cdc_platform.config import TableConfig
-    from cdc_platform.latest_state import Events, change_rows, type_rows
-    from cdc_platform.schemas import RAW_CHANGE_EVENTS
+    from cdc_platform.stages.latest_state import Events, change_rows, type_rows
+    from cdc_platform.lake.schemas import RAW_CHANGE_EVENTS
 
     n = len(afters)
     schema_text = [None if not declared or declared[i] is None else json.dumps({"type": "struct", "fields": declared[i], "field": "after"}) for i in range(n)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from cdc_platform.config import load_config
-from cdc_platform.generate import generate_workload
+from cdc_platform.workload.generate import generate_workload
 
 
 def test_full_views_equal_the_generators_expected_state(tmp_path, run_pipeline, query) -> None:

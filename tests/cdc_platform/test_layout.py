@@ -83,17 +83,17 @@ def test_package_modules_lists_a_package_and_its_modules_only() -> None:
 
 def test_stages_never_import_the_job_or_the_views() -> None:
     graph = import_graph(PACKAGE)
-    for stage in ("cdc_platform.latest_state", "cdc_platform.transactions", "cdc_platform.stage"):
+    for stage in ("cdc_platform.stages.latest_state", "cdc_platform.stages.transactions", "cdc_platform.stages.stage"):
         modules = package_modules(graph, stage)
         assert modules, f"{stage} is not in the package"
         for module in modules:
-            assert not graph[module] & {"cdc_platform.ingest", "cdc_platform.views", "cdc_platform.cli"}, module
+            assert not graph[module] & {"cdc_platform.run.ingest", "cdc_platform.views", "cdc_platform.cli"}, module
 
 
 def test_stage_packages_never_import_themselves() -> None:
-    """`from cdc_platform.latest_state import X` inside the package would run through its `__init__` (a cycle)."""
+    """`from cdc_platform.stages.latest_state import X` inside the package would run through its `__init__` (a cycle)."""
     graph = import_graph(PACKAGE)
-    for package in ("cdc_platform.latest_state", "cdc_platform.transactions"):
+    for package in ("cdc_platform.stages.latest_state", "cdc_platform.stages.transactions"):
         for module in package_modules(graph, package):
             if module != package:
                 assert package not in graph[module], module
@@ -104,7 +104,7 @@ def test_the_readme_module_map_matches_the_package() -> None:
     readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
     named = {line.split()[0] for line in block.splitlines() if line.startswith("  ") and line.split()[0].endswith((".py", "/"))}
-    packages = {p.name + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    packages = {p.parent.name + "/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE and p.parent.parent.name != "testbed"}
     modules = {p.name for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py") and p.parent.name != "testbed"}
     assert packages | modules == named, f"missing from the README: {sorted((packages | modules) - named)}; not in the package: {sorted(named - packages - modules)}"
 

@@ -8,9 +8,10 @@ import datetime as dt
 
 import pyarrow.compute as pc
 
-from cdc_platform import lake, lake_spark
+from cdc_platform import lake
+from cdc_platform.lake import lake_spark
 from cdc_platform.cli import main
-from cdc_platform.latest_state import BASE, DELTA, LAYER, LatestStateStage, purge_tombstones
+from cdc_platform.stages.latest_state import BASE, DELTA, LAYER, LatestStateStage, purge_tombstones
 from cdc_platform.maintenance import maintain
 from tests.cdc_platform.test_latest_state import Feed, c, d, state, truncate, u
 from tests.cdc_platform.test_spark_jobs import tagged_jobs

@@ -17,12 +17,15 @@ import pytest
 import yaml
 from upath import UPath
 
-from cdc_platform import backfill, checks, lake, lake_spark, session, storage
+from cdc_platform import backfill, checks, lake
+from cdc_platform import storage
+from cdc_platform.lake import lake_spark
+from cdc_platform.spark import session
 from cdc_platform.cli import main
 from cdc_platform.config import load_config
 from cdc_platform.errors import EnvironmentNotReadyError
-from cdc_platform.ingest import IngestJob
-from cdc_platform.stage import RAW
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.stages.stage import RAW
 from tests.cdc_platform.test_cluster import build_input, in_tables, lake_contents
 
 
@@ -116,7 +119,7 @@ def test_cdc_run_into_an_s3_lake_builds_the_local_lake_and_every_reader_works_on
     assert any(987654 in row and "New Row" in row for row in remote_rows["customers__full_view"])
 
     # `cdc serve`'s catalog over the bucket, as a fresh session meets it: no S3A options or filesystem for the bucket yet.
-    from cdc_platform.catalog import register_catalog
+    from cdc_platform.views.catalog import register_catalog
 
     forget_bucket(spark, remote.lake)
     for temp in [t.name for t in spark.catalog.listTables() if t.isTemporary]:  # other tests' session views, which `cdc serve` has not
@@ -160,7 +163,7 @@ def test_a_server_for_a_lake_in_s3_keeps_its_state_on_this_machine(tmp_path: Pat
     """`cdc serve`'s state file names a process here; in a shared bucket another machine would find it (and the
     Hive scratch folders would be objects). Local lakes keep theirs in the lake, as before."""
     from cdc_platform.serve import WORK_DIR
-    from cdc_platform.sql_client import STATE_FILE, state_path
+    from cdc_platform.serve.sql_client import STATE_FILE, state_path
 
     monkeypatch.setenv("HOME", str(tmp_path))
     lake_a = storage.lake_location("s3a://lakes-a/x", storage.ObjectStoreConfig(), "lake")

@@ -12,10 +12,10 @@ import pyarrow as pa
 import yaml
 
 from cdc_platform.config import load_config
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.ingest import IngestJob
-from cdc_platform.latest_state.rows import fill_keys
-from cdc_platform.onboarding import ConfigWatch
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.stages.latest_state.rows import fill_keys
+from cdc_platform.backfill.onboarding import ConfigWatch
 
 CUSTOMERS = {"payments.customers": {"key": ["id"]}}
 WITH_AUDITS = CUSTOMERS | {"payments.audits": {"key": ["id"]}}

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import parse_spark
+from cdc_platform.parse import parse_spark
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec
-from cdc_platform.stage import SparkBatch
-from cdc_platform.transactions import spark_stage as S
+from cdc_platform.parse.envelope import KeySpec
+from cdc_platform.stages.stage import SparkBatch
+from cdc_platform.stages.transactions import spark_stage as S
 from tests.cdc_platform.test_transactions import ev
 from tests.cdc_platform.test_transactions_buckets import random_batches
 from tests.conftest import REPLICA_IDENTITY

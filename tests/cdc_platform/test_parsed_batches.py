@@ -10,9 +10,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_platform.envelope import parse_line
-from cdc_platform.parsed_batches import rows_to_batch, split_parsed
-from cdc_platform.schemas import DEAD_LETTER, PARSED, RAW_CHANGE_EVENTS, TRANSACTION_MARKERS
+from cdc_platform.parse.envelope import parse_line
+from cdc_platform.parse.parsed_batches import rows_to_batch, split_parsed
+from cdc_platform.lake.schemas import DEAD_LETTER, PARSED, RAW_CHANGE_EVENTS, TRANSACTION_MARKERS
 from tests.cdc_platform.test_envelope import KEYS, _random_value, change
 
 END = '{"status":"END","id":"571:9","ts_ms":1,"event_count":1,"data_collections":[{"data_collection":"a.b","event_count":1}]}'

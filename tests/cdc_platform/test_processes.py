@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from cdc_platform.processes import stop_on_signals
+from cdc_platform.spark.processes import stop_on_signals
 
 
 def test_the_first_signal_sets_the_event_and_the_second_raises() -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from cdc_platform import lake, schemas
+from cdc_platform import lake
+from cdc_platform.lake import schemas
 from cdc_platform.errors import LakeError
-from cdc_platform.ingest import IngestJob
+from cdc_platform.run.ingest import IngestJob
 from tests.cdc_platform.test_ingest import event
 
 OLD_RAW = pa.schema([f for f in schemas.RAW_CHANGE_EVENTS if f.name not in schemas.KAFKA_ORIGIN_COLUMNS])
@@ -43,7 +44,7 @@ def test_an_old_raw_log_gains_the_origin_columns_and_keeps_its_rows(
 def test_a_missing_required_column_is_refused_on_delta_spark(spark, tmp_path) -> None:  # noqa: ANN001
     from pyspark.sql.types import StructType
 
-    from cdc_platform import lake_spark
+    from cdc_platform.lake import lake_spark
 
     path = tmp_path / "t"
     lake_spark.ensure_table(spark, path, StructType.fromDDL("a STRING"))

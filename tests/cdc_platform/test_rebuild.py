@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.latest_state import rebuild as rebuild_module
-from cdc_platform.latest_state import rebuild_table
+from cdc_platform.stages.latest_state import rebuild as rebuild_module
+from cdc_platform.stages.latest_state import rebuild_table
 from tests.cdc_platform.test_latest_state import ORDERS, Feed, c, d, ev, truncate, u
 
 PLACEHOLDER = "__debezium_unavailable_value"

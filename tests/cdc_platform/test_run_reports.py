@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc_platform.run_reports import BatchReport, RunReport
+from cdc_platform.run.run_reports import BatchReport, RunReport
 
 
 def batch(n: int, landed: dict[str, int], seconds: dict[str, float]) -> BatchReport:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from cdc_platform.schemas import conform
+from cdc_platform.lake.schemas import conform
 
 
 def test_columns_are_reordered_cast_and_the_missing_ones_null() -> None:

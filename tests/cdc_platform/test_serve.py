@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc_platform import sql_client
+from cdc_platform.serve import sql_client
 from cdc_platform.cli import main
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
-from cdc_platform.processes import HOST, die_with_parent, free_ports, stop_group
+from cdc_platform.spark.processes import HOST, die_with_parent, free_ports, stop_group
 from cdc_platform.serve import Server
-from cdc_platform.sql_client import STATE_FILE, ServerInfo, ServerUnavailable
+from cdc_platform.serve.sql_client import STATE_FILE, ServerInfo, ServerUnavailable
 from tests.cdc_platform.test_latest_state import ev
 
 BIN = Path(sys.executable).parent
@@ -48,7 +48,7 @@ def write_config(root: Path, tables: dict[str, Any]) -> Path:
 
 def land_and_run(spark: Any, config_path: Path, name: str, lines: list[str]) -> None:
     """What the `land` and `run_pipeline` fixtures do, for a lake that lives as long as the module's server."""
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     config = load_config(config_path)
     target = config.landing / name
@@ -241,7 +241,7 @@ def test_a_table_registered_before_the_registry_named_it_becomes_its_views(small
     (EXPECT_VIEW_NOT_TABLE) and the views never came. Now the registry is written before the tables, and a
     plain table in the way of a view is dropped from the catalog (its data stays) and the views made."""
     from cdc_platform import lake
-    from cdc_platform.catalog import register_catalog
+    from cdc_platform.views.catalog import register_catalog
 
     for temp in [t.name for t in spark.catalog.listTables() if t.isTemporary]:  # other tests' session views, which `cdc serve` has not
         spark.catalog.dropTempView(temp)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.errors import EnvironmentNotReadyError
-from cdc_platform.session import DELTA_CONF, JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR, platform_jars
+from cdc_platform.spark.session import DELTA_CONF, JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR, platform_jars
 
 
 def test_session_loads_the_manifest_jars_and_enables_delta(spark: Any) -> None:
@@ -114,7 +114,7 @@ def test_kafka_source_provider_is_loadable(spark: Any) -> None:
 
 
 def test_missing_jar_folder_stops_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import cdc_platform.session as session
+    import cdc_platform.spark.session as session
 
     missing = tmp_path / "jars"
     with pytest.raises(EnvironmentNotReadyError, match=r"run `make setup`$") as info:
@@ -144,7 +144,7 @@ def test_the_suites_session_keeps_both_jit_tiers_and_its_children_start_with_the
     import os
     from importlib import resources
 
-    from cdc_platform.session import SHORT_LIVED_JVM
+    from cdc_platform.spark.session import SHORT_LIVED_JVM
 
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     assert not [a for a in runtime.getInputArguments() if a.startswith("-XX:TieredStopAtLevel")]
@@ -159,7 +159,7 @@ def test_the_suites_session_keeps_both_jit_tiers_and_its_children_start_with_the
 
 def test_the_sessions_jvm_runs_with_the_platforms_c2_thresholds(spark: Any) -> None:
     """`session.JVM_DEFAULTS` reach the JVM PySpark launches (as `defaultJavaOptions`) and are the VM's values."""
-    from cdc_platform.session import JVM_DEFAULTS, LONG_LIVED_JIT
+    from cdc_platform.spark.session import JVM_DEFAULTS, LONG_LIVED_JIT
 
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
@@ -179,7 +179,7 @@ def test_a_query_with_a_shuffle_runs_as_one_spark_job(spark: Any) -> None:
     the one before: a third of a small batch's jobs. The session runs it as one (`session.py`)."""
     from pyspark.sql import functions as F
 
-    from cdc_platform import spark_jobs
+    from cdc_platform.spark import spark_jobs
     from tests.cdc_platform.test_spark_jobs import tagged_jobs
 
     with spark_jobs.labelled("test-one-job", "a grouped count"):
@@ -207,7 +207,7 @@ def test_a_local_lake_gets_no_hadoop_checksum_files_and_one_written_with_them_ru
     beside each of Delta's log files or the stream's checkpoint files. `FileSystem.getLocal` stays Hadoop's
     `LocalFileSystem` (S3A's upload buffers, Hive, Spark cast to it). A lake written before, with those side
     files beside its own, keeps running."""
-    from cdc_platform.session import LOCAL_FILES_CONF
+    from cdc_platform.spark.session import LOCAL_FILES_CONF
     from tests.cdc_platform.test_serve import CHANGES, PEOPLE
 
     jvm = spark.sparkContext._jvm

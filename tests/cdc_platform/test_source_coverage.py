@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import envelope, source_connection, source_coverage
+from cdc_platform.parse import envelope
+from cdc_platform.sources import source_connection
+from cdc_platform.checks import source_coverage
 from cdc_platform.config import TableConfig, load_config
 from cdc_platform.errors import ConfigError
 from cdc_platform.lake import write_registry
-from cdc_platform.source_connection import (
+from cdc_platform.sources.source_connection import (
     SourceConnection,
     SourceConnectionError,
     SourceRead,
@@ -28,7 +30,7 @@ from cdc_platform.source_connection import (
     pg_lsn_position,
     read_table_chunks,
 )
-from cdc_platform.source_coverage import LakeSide, compare, same_value
+from cdc_platform.checks.source_coverage import LakeSide, compare, same_value
 
 UTC = dt.timezone.utc
 TABLE = TableConfig(source="public.accounts", name="accounts", key=("id",))

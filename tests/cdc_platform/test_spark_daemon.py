@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.spark_daemon import lazy_invalidation
+from cdc_platform.spark.spark_daemon import lazy_invalidation
 
 
 def _zip(path: Path, names: list[str]) -> None:
@@ -74,15 +74,15 @@ def test_the_sessions_python_workers_run_under_the_daemon(spark: Any) -> None:
     row = spark.range(1).coalesce(1).mapInArrow(probe, "patched boolean, zips long, ms double").collect()[0]
     if sys.version_info >= (3, 12):
         pytest.skip("Python 3.12+ invalidates zip caches lazily itself; the daemon leaves zipimport alone")
-    assert row["patched"], "the workers did not start from cdc_platform.spark_daemon"
+    assert row["patched"], "the workers did not start from cdc_platform.spark.spark_daemon"
     assert row["zips"] >= 2, "pyspark.zip and py4j's zip are on a worker's path: what the patch is for"
     print(f"a worker's importlib.invalidate_caches(): {row['ms']:.2f} ms a call over {row['zips']} zip importers")
 
 
 def test_the_daemon_is_asked_for_only_where_executors_run_this_machines_environment() -> None:
-    from cdc_platform.session import python_daemon
+    from cdc_platform.spark.session import python_daemon
 
-    ours = {"spark.python.daemon.module": "cdc_platform.spark_daemon"}
+    ours = {"spark.python.daemon.module": "cdc_platform.spark.spark_daemon"}
     for master in ("local[2]", "local", "local[*]", "spark://127.0.0.1:7077", "spark://localhost:7077,127.0.0.1:7078"):
         assert python_daemon(master) == ours, master
     for master in ("spark://10.0.0.5:7077", "spark://spark-master:7077", "yarn", "k8s://https://k8s:443", None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_platform.spark_errors import ServerSideError, condition, describe, is_spark_error, jvm_stack
+from cdc_platform.spark.spark_errors import ServerSideError, condition, describe, is_spark_error, jvm_stack
 
 HS2 = "org.apache.hive.service.cli.HiveSQLException: Error running query: "
 STACK = "\n\tat org.apache.spark.sql.hive.thriftserver.HiveThriftServerErrors$.runningQueryError(HiveThriftServerErrors.scala:43)"

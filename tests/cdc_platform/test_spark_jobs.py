@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform import spark_jobs
+from cdc_platform.spark import spark_jobs
 
 
 def tagged_jobs(spark: Any, label: str) -> set[int]:

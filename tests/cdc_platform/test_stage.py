@@ -13,14 +13,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cdc_platform import lake, lake_spark, latest_state
-from cdc_platform import transactions as T
+from cdc_platform import lake
+from cdc_platform.lake import lake_spark
+from cdc_platform.stages import latest_state
+from cdc_platform.stages import transactions as T
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.ingest import IngestJob
-from cdc_platform.latest_state import apply as latest_state_apply
-from cdc_platform.parsed_batches import rows_to_batch, split_parsed
-from cdc_platform.stage import STAGE_ERROR, BatchContext, ParsedBatch, StageFailure, StageResult, isolate
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.stages.latest_state import apply as latest_state_apply
+from cdc_platform.parse.parsed_batches import rows_to_batch, split_parsed
+from cdc_platform.stages.stage import STAGE_ERROR, BatchContext, ParsedBatch, StageFailure, StageResult, isolate
 
 T0 = 1_767_225_600_000
 
@@ -169,7 +171,7 @@ def test_a_stage_that_fails_every_event_stops_the_run_with_one_line(tmp_path, ma
     driver.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import cdc_platform.ingest as ingest\n"
+        "import cdc_platform.run.ingest as ingest\n"
         "from test_stage import FailsEverything\n"
         "ingest.default_stages = lambda config: [FailsEverything()]\n"
         "from cdc_platform.cli import main\n"

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_platform import transactions as T
-from cdc_platform.envelope import KeySpec, parse_line
-from cdc_platform.parsed_batches import rows_to_batch, split_parsed
+from cdc_platform.stages import transactions as T
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.parse.parsed_batches import rows_to_batch, split_parsed
 
 START_MS = 1_767_225_600_000
 KEYS = KeySpec({"shop.charges": ["id"], "shop.audits": ["id"], "public.accounts": ["id"]})

@@ -16,11 +16,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_platform import transactions as T
-from cdc_platform.envelope import parse_line
-from cdc_platform.parsed_batches import rows_to_batch, split_parsed
-from cdc_platform.stage import StageFailure
-from cdc_platform.transactions import buckets as B
+from cdc_platform.stages import transactions as T
+from cdc_platform.parse.envelope import parse_line
+from cdc_platform.parse.parsed_batches import rows_to_batch, split_parsed
+from cdc_platform.stages.stage import StageFailure
+from cdc_platform.stages.transactions import buckets as B
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, NOW, SETTINGS, begin, end, ev, whole
 
 OUTPUTS = ("completed", "incomplete", "late", "watermark", "state")
@@ -119,7 +119,7 @@ def test_blocks_combine_to_the_minimum_of_each_entry() -> None:
 def state_and_batch() -> tuple[pa.Table, B.FoldContext, pa.Table, pa.Table]:
     events, markers = parsed(whole("g:1", 100, 1) + whole("g:2", 200, 2, row=2), 0)
     held = T.hold(T.empty_state())
-    from cdc_platform.transactions.aggregation import _conform_markers, _split_events, advance, batch_clock
+    from cdc_platform.stages.transactions.aggregation import _conform_markers, _split_events, advance, batch_clock
 
     items, plain = _split_events(events)
     clocks = advance(held.progress, held.stream_source, batch_clock(items, plain, _conform_markers(markers)))

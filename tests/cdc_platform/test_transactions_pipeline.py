@@ -13,14 +13,14 @@ import pyarrow as pa
 import pytest
 
 from cdc_platform import lake
-from cdc_platform import transactions as T
+from cdc_platform.stages import transactions as T
 from cdc_platform.cli import main as cdc
 from cdc_platform.config import PlatformConfig
-from cdc_platform.envelope import parse_line
-from cdc_platform.ingest import IngestJob
-from cdc_platform.parsed_batches import rows_to_batch
-from cdc_platform.stage import BatchContext, StageFailure
-from cdc_platform.transactions import stage as tx_stage
+from cdc_platform.parse.envelope import parse_line
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.parse.parsed_batches import rows_to_batch
+from cdc_platform.stages.stage import BatchContext, StageFailure
+from cdc_platform.stages.transactions import stage as tx_stage
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
 
 TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"], "mask": ["pos"]}}

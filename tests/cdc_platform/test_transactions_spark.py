@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from cdc_platform import lake
-from cdc_platform import transactions as T
+from cdc_platform.stages import transactions as T
 from cdc_platform.config import PlatformConfig
-from cdc_platform.ingest import IngestJob
-from cdc_platform.stage import STAGE_ERROR, BatchContext, StageFailure
-from cdc_platform.transactions import spark_stage as S
+from cdc_platform.run.ingest import IngestJob
+from cdc_platform.stages.stage import STAGE_ERROR, BatchContext, StageFailure
+from cdc_platform.stages.transactions import spark_stage as S
 from tests.cdc_platform.test_transactions import COUNTS, begin, end, ev, whole
 from tests.cdc_platform.test_transactions_buckets import random_batches
 

@@ -15,7 +15,7 @@ import pytest
 
 from cdc_platform.cli import main
 from cdc_platform import views
-from cdc_platform.unavailable import PLACEHOLDER
+from cdc_platform.stages.unavailable import PLACEHOLDER
 from cdc_platform.views import clean_view_sql, full_view_sql, latest_state_sql, masked_expression
 from tests.cdc_platform.test_latest_state import Feed, c, ev, u
 
@@ -78,7 +78,7 @@ def test_cdc_sql_needs_only_the_lake(make_config, capsys, monkeypatch) -> None:
 
 def test_odd_identifiers_are_quoted_everywhere(make_config, query) -> None:
     from cdc_platform import lake
-    from cdc_platform.latest_state import compact
+    from cdc_platform.stages.latest_state import compact
 
     cfg = make_config({"shop.odd": {"key": ["order$no"], "mask": ["select"]}})
     feed = Feed(cfg)
@@ -115,7 +115,7 @@ def test_view_sql_is_generated_from_one_place() -> None:
 @pytest.mark.parametrize("mode", ["hash", "remove"])
 def test_masked_value_never_visible_after_updates_and_compaction(mode, make_config, query, monkeypatch) -> None:
     from cdc_platform import lake
-    from cdc_platform.latest_state import compact
+    from cdc_platform.stages.latest_state import compact
 
     monkeypatch.setenv("CDC_MASK_SALT", "pepper")
     cfg = make_config({"shop.orders": {"key": ["id"], "mask": ["card"], "mask_mode": mode}})

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from cdc_platform.generate import generate_workload
+from cdc_platform.workload.generate import generate_workload
 from dagster_project.definitions import PIPELINE_JOB, build_defs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def test_definitions_validate_from_the_workspace(tmp_path: Path) -> None:
 def pipeline_run(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Any:
     import time
 
-    from cdc_platform.generate import recent_start_ms
+    from cdc_platform.workload.generate import recent_start_ms
 
     start = recent_start_ms(120, int(time.time() * 1000))  # a live-looking source, so freshness can pass
     workload = generate_workload(tmp_path_factory.mktemp("dagster") / "sample", transactions=120, seed=11, start_ms=start)
@@ -207,7 +207,7 @@ def test_a_corrupted_lake_turns_the_matching_checks_red(pipeline_run: Any, spark
 
     from cdc_platform import lake
     from cdc_platform.config import load_config
-    from cdc_platform.ingest import IngestJob
+    from cdc_platform.run.ingest import IngestJob
 
     workload, defs, _, instance = pipeline_run
     config = load_config(workload.config_path)
@@ -329,7 +329,7 @@ def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path
     and the check hands the platform's outcome to Dagster (the live compare itself: test_source_coverage)."""
     from dagster import AssetCheckKey, AssetKey
 
-    from cdc_platform import source_coverage
+    from cdc_platform.checks import source_coverage
     from cdc_platform.checks import CheckOutcome, Severity
     from cdc_platform.config import load_config
     from dagster_project.checks import platform_checks, to_result
@@ -367,7 +367,7 @@ def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path
 
 def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run is one process whose JVM ends with it: the resource asks for the quick JIT tier (session.SHORT_LIVED_JVM)."""
-    from cdc_platform import session
+    from cdc_platform.spark import session
     from dagster_project.resources import CdcResource
 
     asked: dict[str, Any] = {}
@@ -403,7 +403,7 @@ def test_cdc_pipeline_on_a_lake_in_s3_materialises_and_every_check_passes(
 
     import yaml
 
-    from cdc_platform.generate import recent_start_ms
+    from cdc_platform.workload.generate import recent_start_ms
 
     for name, value in s3_server.environ().items():  # the credentials, as a user's environment gives them
         monkeypatch.setenv(name, value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc_platform.generate import generate_workload
+from cdc_platform.workload.generate import generate_workload
 from dagster_project.webserver import graphql, serve
 
 ASSET_GRAPH = """

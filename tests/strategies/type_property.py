@@ -152,9 +152,9 @@ class Outcome:
 def run_typing(case: TableCase) -> Outcome:
     """Parse and type `case`'s lines exactly as the ingest job and the latest-state stage do."""
     from cdc_platform.config import TableConfig
-    from cdc_platform.envelope import KeySpec, parse_lines
-    from cdc_platform.latest_state import Events, build_rows, change_rows, type_rows
-    from cdc_platform.parsed_batches import rows_to_batch, split_parsed
+    from cdc_platform.parse.envelope import KeySpec, parse_lines
+    from cdc_platform.stages.latest_state import Events, build_rows, change_rows, type_rows
+    from cdc_platform.parse.parsed_batches import rows_to_batch, split_parsed
 
     lines = case.lines()
     index = {line: i for i, line in enumerate(lines)}

@@ -13,9 +13,9 @@ from typing import Any
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.errors import LakeError
-from cdc_platform.ingest import IngestJob
+from cdc_platform.run.ingest import IngestJob
 from cdc_platform.lake import REGISTRY_FILE
-from cdc_platform.processes import die_with_parent, stop_group
+from cdc_platform.spark.processes import die_with_parent, stop_group
 
 
 def rows_once_set_up(query: Callable[[PlatformConfig, str], list[dict[str, Any]]], cfg: PlatformConfig, sql: str) -> list[dict[str, Any]] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.envelope import normalise_transaction_id
+from cdc_platform.parse.envelope import normalise_transaction_id
 from cdc_platform.testbed import Record, Stack, consume
 
 UTC = dt.timezone.utc
@@ -261,8 +261,8 @@ def test_coverage_against_the_live_source_names_a_lost_row_and_a_lagging_one(
     """Coverage against the database itself (`source_connection`): the captured lake equals the source
     table; a row the lake loses on purpose is named as missing, and a source change the lake never
     receives is named as different, still after the recheck."""
-    from cdc_platform.source_connection import parse_source_connection
-    from cdc_platform.source_coverage import source_coverage
+    from cdc_platform.sources.source_connection import parse_source_connection
+    from cdc_platform.checks.source_coverage import source_coverage
     from cdc_platform.testbed.databases import DATABASE
 
     source = capture.source

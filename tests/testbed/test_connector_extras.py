@@ -23,11 +23,12 @@ from typing import Any
 
 import yaml
 
-from cdc_platform import control_records, lake
+from cdc_platform.parse import control_records
+from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.testbed import Stack, consume_all
 from cdc_platform.testbed.databases import DATABASE
-from cdc_platform.unavailable import PLACEHOLDER
+from cdc_platform.stages.unavailable import PLACEHOLDER
 from tests.testbed.streaming import Running
 
 Rows = Callable[[str], list[dict[str, Any]]]

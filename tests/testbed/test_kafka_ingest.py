@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.ingest import IngestJob
+from cdc_platform.run.ingest import IngestJob
 from cdc_platform.testbed import Record, Stack, consume_all
 from tests.testbed.streaming import Running
 

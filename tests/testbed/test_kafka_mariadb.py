@@ -89,8 +89,8 @@ def lake_rows(query: Any, cfg: Any, table: str) -> list[tuple[Any, ...]]:
 
 
 def test_debezium_mariadb_through_kafka_equals_the_database(testbed: Stack, spark: Any, tmp_path: Path, query) -> None:  # noqa: ANN001
-    from cdc_platform.source_connection import SourceConnection
-    from cdc_platform.source_coverage import source_coverage
+    from cdc_platform.sources.source_connection import SourceConnection
+    from cdc_platform.checks.source_coverage import source_coverage
 
     bed = testbed
     for ddl in DDL:

@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_platform.config_source import KafkaSourceConfig
-from cdc_platform.envelope import KeySpec
-from cdc_platform.parsed_batches import parse_arrow_batches
-from cdc_platform.schemas import PARSED
-from cdc_platform.sources import INPUT_COLUMNS, kafka_stream
+from cdc_platform.parse.envelope import KeySpec
+from cdc_platform.parse.parsed_batches import parse_arrow_batches
+from cdc_platform.lake.schemas import PARSED
+from cdc_platform.sources.streams import INPUT_COLUMNS, kafka_stream
 from cdc_platform.testbed import Stack
 
 

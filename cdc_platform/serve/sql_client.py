@@ -1,0 +1,185 @@
+"""The client side of `cdc serve`: find the lake's running server and run a query on it.
+
+Kept apart from `serve` (which starts Spark and registers the catalog) so that `cdc sql` against a running
+server imports only this module, the standard library and a small HiveServer2 client: a point lookup's
+whole command then costs the query plus ~0.3 s, where the Spark Connect client alone takes ~1 s to import
+(it loads pandas, pyarrow and grpc). The query goes to the server's Thrift JDBC/ODBC endpoint (the
+HiveServer2 protocol that BI tools and beeline speak) through `impyla`; notebooks keep using Spark
+Connect (`connect_query`, or `SparkSession.builder.remote`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdc_platform.spark.processes import log_tail, pid_alive, port_open
+from cdc_platform.spark.spark_errors import ServerSideError
+from cdc_platform.storage import LakePath, machine_dir
+
+STATE_FILE = "_serve.json"
+#: How long one request to the server may take before the client gives up (the query itself runs
+#: asynchronously on the server and is polled, so this bounds one poll or one fetch, not the query).
+REQUEST_TIMEOUT = 60
+#: HiveServer2 hands nested values over as Spark's text of them; these are turned back into values.
+_NESTED = {"ARRAY", "MAP", "STRUCT"}
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What `<lake>/_serve.json` says about the server: enough for a client to reach it."""
+
+    pid: int
+    lake: str
+    schema: str
+    host: str
+    connect_port: int
+    jdbc_port: int
+    started_at: str
+
+    @property
+    def connect_url(self) -> str:
+        return f"sc://{self.host}:{self.connect_port}"
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"jdbc:hive2://{self.host}:{self.jdbc_port}/{self.schema}"
+
+
+class ServerUnavailable(Exception):
+    """The server could not be used (gone, or no client library installed): the caller runs locally."""
+
+
+def state_path(lake_dir: LakePath) -> Path:
+    return machine_dir(lake_dir) / STATE_FILE
+
+
+def read_state(lake_dir: LakePath) -> ServerInfo | None:
+    """The state file's server, or None when there is none or it is unreadable (a client then runs locally)."""
+    try:
+        doc = json.loads(state_path(lake_dir).read_text(encoding="utf-8"))
+        return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def wait_for_state(lake_dir: LakePath, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
+    """The state a `cdc serve` started in another process writes once it is ready (for scripts, tests and
+    benchmarks that start one). `exited` is the process's `poll`; ServerUnavailable, with the tail of its
+    `log`, when it exits or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while (info := read_state(lake_dir)) is None:
+        if exited() is not None or time.monotonic() > deadline:
+            raise ServerUnavailable(f"cdc serve did not start (exit {exited()}): {log_tail(log, 5)}")
+        time.sleep(0.5)
+    return info
+
+
+def find_server(lake_dir: LakePath) -> tuple[ServerInfo | None, str | None]:
+    """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started)."""
+    info = read_state(lake_dir)
+    if info is None:
+        return None, None
+    if not pid_alive(info.pid):
+        return None, f"{state_path(lake_dir)} names a server (pid {info.pid}) that is no longer running"
+    if not port_open(info.jdbc_port, info.host):
+        return None, f"the server of {state_path(lake_dir)} (pid {info.pid}) does not answer on {info.jdbc_url}"
+    return info, None
+
+
+def remote_query(info: ServerInfo, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(columns, rows) of `query` run by the server over its JDBC/ODBC (HiveServer2) endpoint, in the lake's schema.
+
+    Values come back as the Spark Connect client would give them (nested values as lists and dicts
+    where Spark's text of them is JSON). Raises ServerUnavailable when the client library is missing or
+    the server does not answer, and `spark_errors.ServerSideError` (Spark's error class and message)
+    when the query itself fails.
+    """
+    try:
+        from impala.dbapi import connect
+        from impala.error import HiveServer2Error, OperationalError
+    except ImportError as exc:
+        raise ServerUnavailable(f"the HiveServer2 client is not installed ({exc}); `pip install impyla` to use the server") from exc
+    try:
+        conn = connect(host=info.host, port=info.jdbc_port, auth_mechanism="PLAIN", user=getpass.getuser(), password="-",
+                       timeout=REQUEST_TIMEOUT, retries=1)  # one attempt: a server that is gone means run locally
+        # `use:database` makes the lake's schema current when the session opens: no `USE` round trip.
+        cursor = conn.cursor(configuration={"use:database": info.schema})
+    except Exception as exc:  # impyla raises thrift's TTransportException, socket errors or its own
+        raise ServerUnavailable(f"the server at {info.jdbc_url} does not answer ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    try:
+        try:
+            cursor.execute(query)
+        except (HiveServer2Error, OperationalError) as exc:
+            raise ServerSideError(str(exc)) from None  # the JVM stack of the server's thread says nothing to the user
+        description = cursor.description or []
+        rows = cursor.fetchall() if description else []
+    finally:
+        try:
+            cursor.close()
+            conn.close()
+        except Exception:  # noqa: BLE001 - the answer is in hand; a failed goodbye changes nothing
+            pass
+    columns = [d[0] for d in description]
+    nested = [i for i, d in enumerate(description) if str(d[1]).upper() in _NESTED]
+    if nested:
+        rows = [tuple(_nested_value(v) if i in nested else v for i, v in enumerate(row)) for row in rows]
+    return columns, [tuple(r) for r in rows]
+
+
+def _nested_value(value: Any) -> Any:
+    """Spark's text of an array, map or struct as the value it stands for; kept as text when it is not JSON
+    (a map with non-string keys prints as `{1:"x"}`)."""
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode("utf-8", errors="replace")
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def table_names(info: ServerInfo) -> list[str]:
+    """The tables and views the server registers under the lake's schema (for suggestions); [] when it cannot say."""
+    try:
+        _, rows = remote_query(info, f"SHOW TABLES IN `{info.schema}`")
+    except Exception:  # noqa: BLE001 - the names only sharpen an error message
+        return []
+    return [str(r[1]) for r in rows if len(r) > 1]
+
+
+def connect_query(info: ServerInfo, query: str) -> tuple[list[str], list[tuple[Any, ...]], Any]:
+    """(columns, rows, session) of `query` run over Spark Connect, in the lake's schema: what a notebook does.
+
+    Raises ServerUnavailable when the Spark Connect client is missing or the server does not answer.
+    """
+    try:
+        from pyspark.sql import SparkSession
+        from pyspark.sql.connect.utils import check_dependencies
+
+        check_dependencies("pyspark.sql.connect.session")
+    except ImportError as exc:
+        raise ServerUnavailable(f"the Spark Connect client is not installed ({exc}); `pip install 'cdc-platform[connect]'` to use it") from exc
+    try:
+        spark = SparkSession.builder.remote(info.connect_url).getOrCreate()
+        spark.sql(f"USE `{info.schema}`")
+    except Exception as exc:
+        if not _connect_unavailable(exc):
+            raise
+        raise ServerUnavailable(f"the server at {info.connect_url} does not answer ({type(exc).__name__})") from exc
+    df = spark.sql(query)
+    rows = [tuple(r) for r in df.collect()]
+    return list(df.columns), rows, spark
+
+
+def _connect_unavailable(exc: BaseException) -> bool:
+    text = str(exc)
+    return type(exc).__name__ in ("SparkConnectGrpcException", "RpcError", "_InactiveRpcError") and (
+        "UNAVAILABLE" in text or "failed to connect" in text.lower() or "Connection refused" in text
+    )

@@ -1,0 +1,89 @@
+"""Where the ingest stream reads from: landing files (the default) or Kafka topics, as one column contract.
+
+`IngestJob` parses whatever `stream` returns with `parsed_batches.parse_arrow_batches`, so both sources give
+the same columns:
+
+| column | files | Kafka |
+|---|---|---|
+| `value` (string) | one line of a file | the record's value; null for a tombstone (the parser counts it as one) |
+| `source_file` (string) | the file's path | `kafka:<topic>/<partition>@<offset>`: dead letters and markers, which have no Kafka columns, still name the record |
+| `kafka_key` (string) | - | the record's key as JSON text: the file dump's `{"key": ...}`, naming the row of a delete without `before` |
+| `kafka_topic`, `kafka_partition`, `kafka_offset` | - | the record's origin, kept in the raw log (null there for files) |
+
+The Kafka stream goes through Spark's Kafka connector (`format("kafka")`, jars from `jvm/jars/`).
+Values and keys are bytes in Kafka; they are cast to string without a UTF-8 check, as Spark's text
+source passes file bytes, and the parser dead-letters a value that is not UTF-8 (`not_utf8`).
+
+Exactly once: Spark records each micro-batch's offset ranges per partition in the checkpoint before
+the batch runs, so a restart replays an unfinished batch with the same records and continues after
+the last one; the raw log's identity dedup makes a redelivery (a connector restart, a lost
+checkpoint) land nothing twice. With `subscribe_pattern` the connector lists topics at every trigger,
+so a topic created later is read from its first offset without a restart (new partitions always start
+at the earliest offset, whatever `starting_offsets` says).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cdc_platform.config import PlatformConfig
+from cdc_platform.config_source import KafkaSourceConfig
+from cdc_platform.errors import CdcError, ConfigError
+from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Every column a source may deliver, in order; files deliver the first two.
+LINE_COLUMNS: tuple[str, ...] = ("value", "source_file")
+INPUT_COLUMNS: tuple[str, ...] = (*LINE_COLUMNS, RECORD_KEY_COLUMN, *KAFKA_ORIGIN_COLUMNS)
+
+
+def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
+    """The streaming DataFrame of the configured source, in the column contract above."""
+    if config.source.kafka is not None:
+        return kafka_stream(spark, config.source.kafka)
+    return file_stream(spark, config)
+
+
+def file_stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
+    """The landing files, at any depth, as (value, source_file) lines; new files are picked up as they land."""
+    from pyspark.sql import functions as F
+
+    landing = config.landing
+    if not landing.is_dir():
+        raise ConfigError(f"landing directory {landing} does not exist; create it or pass --landing DIR")
+    return (
+        spark.readStream.format("text")
+        .option("recursiveFileLookup", "true")
+        .option("maxFilesPerTrigger", str(config.max_files_per_trigger))
+        .load(str(landing))
+        .select(F.col("value"), F.col("_metadata.file_path").alias("source_file"))
+    )
+
+
+def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig) -> DataFrame:
+    """The Kafka records of the configured topics (or pattern), one row per record."""
+    from pyspark.sql import functions as F
+
+    reader = spark.readStream.format("kafka")
+    for name, value in kafka.spark_options().items():
+        reader = reader.option(name, value)
+    records = reader.load()
+    return records.select(
+        F.col("value").cast("string").alias("value"),
+        F.concat(F.lit("kafka:"), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
+                 F.col("offset").cast("string")).alias("source_file"),
+        F.col("key").cast("string").alias(RECORD_KEY_COLUMN),
+        F.col("topic").alias("kafka_topic"),
+        F.col("partition").cast("int").alias("kafka_partition"),
+        F.col("offset").cast("long").alias("kafka_offset"),
+    )
+
+
+def input_columns(names: list[str]) -> list[str]:
+    """The columns of a collected micro-batch that the parser reads (the contract's, in its order)."""
+    missing = [c for c in LINE_COLUMNS if c not in names]
+    if missing:
+        raise CdcError(f"a source delivered no {', '.join(missing)} column; sources.py defines what each source gives")
+    return [c for c in INPUT_COLUMNS if c in names]

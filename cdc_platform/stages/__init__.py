@@ -1,0 +1,1 @@
+"""What is derived from the raw log: latest state, transactions (each its own streaming query)."""

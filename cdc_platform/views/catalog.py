@@ -1,0 +1,152 @@
+"""The lake in a catalog: every table and view registered once, by name, under one schema (database).
+
+`views.register_lake` gives one session temporary views, re-registered by every process that wants
+them; nobody else can see them. This module registers the same names in the session's catalog,
+as external Delta tables and persistent views, so that every session of the Spark that owns the
+catalog (`cdc serve`: its Spark Connect clients and its JDBC/ODBC clients) reads `<schema>.<name>`
+without this project's code.
+
+What a name means is the same as in `views.py`:
+
+* a platform table (`raw_change_events`, `dead_letter`, ...) is the Delta table of its directory;
+* a latest-state table's directory is storage, not the table: merge-on-read layers (`_layer` base and
+  delta) that only the folding SQL turns into the current state. So the directory is registered as
+  `<name>__stored` (as Databricks names the storage behind an `APPLY CHANGES` target), and `<name>`,
+  `<name>__full_view`, `<name>__clean_view` (and `<name>_history`, `<name>__consistent_view`) are views.
+
+The views are persistent, so they are planned for any future snapshot: the folding SQL keeps its
+delta-layer and truncate parts (`pending=True, truncates=True`), which the temporary views may skip
+for the one snapshot they pin. Tables are read at their latest version when a query is planned, and
+a new column shows in a table at once; a view's column list is fixed when it is created, so
+`lake_fingerprint` tells the owner when to register again (a new table, a changed schema, a changed
+registry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+from cdc_platform import lake
+from cdc_platform.stages import latest_state as LS
+from cdc_platform.stages import transactions as T
+from cdc_platform.config import CATALOG_SCHEMA_RE, mask_salt
+from cdc_platform.errors import ConfigError, LakeError
+from cdc_platform.lake.lake_spark import location as location_of
+from cdc_platform.lake.lake_spark import sql_string
+from cdc_platform.stages.stage import DEAD_LETTER, RAW
+from cdc_platform.storage import LakePath
+from cdc_platform.views import (
+    consistent_view_sql,
+    history_sql,
+    latest_state_views,
+    sampled_types,
+    stored_view_name,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+q = lake.quote_identifier
+
+
+def storage_names(lake_dir: LakePath) -> dict[str, str]:
+    """Lake directory name -> catalog name of its Delta table: `<name>__stored` for latest-state storage."""
+    present = lake.lake_tables(lake_dir)
+    stored: set[str] = set()
+    for table in lake.registered_tables(lake_dir):
+        stored.add(table.name)
+        if table.history:
+            stored.add(table.history_name)
+    return {name: stored_view_name(name) if name in stored else name for name in present}
+
+
+def _free_for_view(spark: SparkSession, schema: str, name: str) -> None:
+    """Drop the catalog entry of an external table named like a view about to be made: a table's
+    directory registered before the lake's registry said it is latest-state storage (its views' name
+    is the table's own). Only the entry goes; the data stays at its location, now as `<name>__stored`."""
+    if spark.catalog.tableExists(f"{schema}.{name}") and spark.catalog.getTable(f"{schema}.{name}").tableType == "EXTERNAL":
+        spark.sql(f"DROP TABLE IF EXISTS {q(schema)}.{q(name)}")
+
+
+def lake_fingerprint(lake_dir: LakePath) -> str:
+    """A digest that changes when the catalog must be registered again.
+
+    It covers the registry (tables, keys, masks), the set of table directories, and the schema of every
+    Delta table (from its newest metadata, via delta-rs: no Spark job). Data commits that keep the schema
+    do not change it: registered tables read their latest version anyway.
+    """
+    digest = hashlib.sha256()
+    digest.update(json.dumps(lake.read_registry(lake_dir), sort_keys=True).encode())
+    for name, path in sorted(lake.lake_tables(lake_dir).items()):
+        digest.update(name.encode())
+        try:
+            digest.update(lake.open_table(path).schema().to_json().encode())
+        except (LakeError, OSError):  # a table being created right now: its next poll sees it whole
+            digest.update(b"?")
+    return digest.hexdigest()
+
+
+def _check_schema(schema: str) -> None:
+    if not CATALOG_SCHEMA_RE.match(schema):
+        raise ConfigError(f"catalog schema {schema!r} is not a usable name: lower-case letters, digits and _, starting with a letter")
+
+
+def register_catalog(
+    spark: SparkSession, lake_dir: LakePath, schema: str, previous: Collection[str] = (), progress: Callable[[str], None] | None = None
+) -> list[str]:
+    """Register every table and view of the lake under `schema` in this session's catalog; return the names.
+
+    Idempotent: tables are created if missing and views replaced, so calling it again after the lake
+    changed brings the catalog up to date. Names of `previous` (what the last call returned) that the lake
+    no longer has are dropped; nothing else is, so a view a user created in the schema stays, and a table
+    is only ever dropped from the catalog, never its data (every table here is external, at its location). Leaves the session's current schema set to `schema`: the persistent views' SQL names their
+    inputs unqualified, and Spark resolves those in the schema that was current when the view was created.
+    """
+    import pyarrow as pa
+
+    _check_schema(schema)
+    if not lake_dir.is_dir():
+        raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {q(schema)} COMMENT {sql_string(f'cdc-platform lake {lake_dir}')}")
+    spark.sql(f"USE {q(schema)}")
+    present = lake.lake_tables(lake_dir)
+    names: list[str] = []
+    for directory, name in storage_names(lake_dir).items():
+        location = sql_string(location_of(present[directory]))  # a bucket's S3A options are set on the way
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {q(schema)}.{q(name)} USING delta LOCATION {location}")
+        names.append(name)
+    views: list[tuple[str, str]] = []
+    stored_types: dict[str, dict[str, str]] = {}  # table -> source column -> Spark type, for its consistent view
+    for table in lake.registered_tables(lake_dir):
+        if table.name not in present:
+            continue
+        columns = LS.source_columns(pa.schema(lake.open_table(present[table.name]).schema().to_arrow()))
+        stored_types[table.name] = {name: LS.type_name(kind) for name, kind in columns.items()}
+        views += latest_state_views(table, columns, stored_view_name(table.name), mask_salt(table), pending=True, truncates=True)
+        if table.history and table.history_name in present:
+            hschema = pa.schema(lake.open_table(present[table.history_name]).schema().to_arrow())
+            hcols = LS.source_columns(hschema, LS.HISTORY_META)
+            views.append((table.history_name, history_sql(stored_view_name(table.history_name), list(hcols), table.key)))
+    if all(name in present for name in (RAW, T.TRANSACTIONS, T.WATERMARK)):
+        for table in lake.registered_tables(lake_dir):
+            types = stored_types.get(table.name) or sampled_types(spark, f"{q(schema)}.{q(RAW)}", table)
+            sql = consistent_view_sql(table, types, mask_salt(table), dead_letters=DEAD_LETTER in present)
+            views.append((f"{table.name}__consistent_view", sql))
+    for view, sql in views:
+        _free_for_view(spark, schema, view)
+        spark.sql(f"CREATE OR REPLACE VIEW {q(schema)}.{q(view)} AS {sql}")
+        names.append(view)
+    stale = sorted(set(previous) - set(names))
+    for name in stale:
+        if not spark.catalog.tableExists(f"{schema}.{name}"):
+            continue
+        kind = spark.catalog.getTable(f"{schema}.{name}").tableType
+        if kind in ("VIEW", "EXTERNAL"):
+            spark.sql(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} IF EXISTS {q(schema)}.{q(name)}")
+    if progress is not None:
+        dropped = f", dropped {', '.join(stale)}" if stale else ""
+        progress(f"catalog: {len(names)} tables and views under `{schema}`{dropped}")
+    return names

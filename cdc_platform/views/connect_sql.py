@@ -1,0 +1,219 @@
+"""Row images of the raw log typed in Spark SQL, value for value as the latest state types them.
+
+Why this exists: a `<name>__consistent_view` reads the raw log as of the consistency watermark, so it
+must type each event's JSON row image itself, in SQL: the same views are persistent views in `cdc
+serve`'s catalog, which cannot call Python. Typing the columns from JSON samples, as it once did, showed
+a Connect Decimal as its base64 text ("Cg==" where the full view shows 1.0) and a timestamp as a count
+of microseconds.
+
+What it does not decide: the type a column gets. That is the latest-state table's column type (from
+`latest_state.connect_types`, the one mapping, and its widening rules); callers pass it in as the
+Spark name `connect_types.type_name` gives it. This module only turns one JSON value into that type,
+following the converters of `connect_types` rule for rule, with the Connect names, units and ranges
+imported from there; `tests/cdc_platform/test_connect_sql.py` runs both over the same values.
+
+Each value is converted by what its own event declared (`row_schema`, the Connect schema of the row),
+not by what the column is now: after a schema change older events keep their own decimal scale or
+timestamp unit. Values the Python converters refuse are dead-lettered by the latest-state stage, and
+the consistent view leaves those events out; every conversion here still uses `try_` forms, so such a
+value is NULL rather than a failed query.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+from cdc_platform.lake import quote_identifier as q
+from cdc_platform.lake.lake_spark import sql_string
+from cdc_platform.stages.latest_state.connect_types import _DECIMAL, _EPOCH_TIMESTAMPS, _VARIABLE_SCALE_DECIMAL, _ZONED_TIMESTAMP
+
+#: The part of a Connect struct schema (`raw_change_events.row_schema`) the conversions read.
+ROW_SCHEMA = "STRUCT<fields: ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>"
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_US = dt.timedelta(microseconds=1)
+#: Microseconds and days since 1970 of the years 1 to 9999, the range Python's datetime (and so the latest state) holds.
+MIN_MICROS = (dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc) - _EPOCH) // _US
+MAX_MICROS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc) - _EPOCH) // _US
+MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
+MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
+
+_INTEGERS = ("tinyint", "smallint", "int", "bigint")
+_NEGATE = "^(.*?)([1-9A-F])(0*)$"  # a hex number's last non-zero digit, what precedes it and the zeros after it
+
+
+def extracted_type(spark_type: str) -> str:
+    """How `from_json` should read a column of `spark_type`.
+
+    A text column as STRING: a string's characters, or an object's or array's JSON text, which is what
+    the latest state stores. A float column also as STRING: the text of the double JSON's number is (its
+    sign kept for -0.0, which a VARIANT's decimal loses), or the converter's "NaN" and "Infinity".
+    Every other column as VARIANT, which keeps what JSON said: a string or a number (a Decimal arrives
+    as either), and decimal numbers digit for digit.
+    """
+    return "STRING" if spark_type in ("string", "double", "float") else "VARIANT"
+
+
+def row_struct(columns: Mapping[str, str]) -> str:
+    """The `from_json` schema (as a DDL string) of a row image with these columns: name -> Spark type."""
+    return "STRUCT<" + ", ".join(f"{q(name)}: {extracted_type(kind)}" for name, kind in columns.items()) + ">"
+
+
+def needs_declaration(spark_type: str) -> bool:
+    """Whether a column's values convert differently by their Connect declaration (a decimal's scale, a
+    timestamp's unit, a text column's VariableScaleDecimal): only those columns read `row_schema`."""
+    return spark_type in ("string", "timestamp") or spark_type.startswith("decimal")
+
+
+def declaration(fields: str, column: str) -> str:
+    """The Connect field an event declares for `column` (a struct of type, name, parameters), or NULL,
+    from `fields`, the event's `from_json(row_schema, ROW_SCHEMA).fields`."""
+    return f"try_element_at(filter({fields}, __x -> __x.field = {sql_string(column)}), 1)"
+
+
+def placeholder_possible(spark_type: str) -> bool:
+    """Whether Debezium's unavailable-value placeholder can stand in a column of this type: only values
+    PostgreSQL may store out of line (TOAST: text, json, arrays, bytea, numeric) are ever left out of an
+    update, and they arrive as text, base64 or a Decimal's base64; fixed-width types never do."""
+    return spark_type in ("string", "binary") or spark_type.startswith("decimal")
+
+
+def raw_text(spark_type: str, value: str) -> str:
+    """The value as text, for recognising the placeholder's forms before any conversion."""
+    return value if extracted_type(spark_type) == "STRING" else f"try_variant_get({value}, '$', 'string')"
+
+
+def value_sql(spark_type: str, value: str, decl: str, image: str, column: str) -> str:
+    """SQL for one column's value in `spark_type`, as `connect_types` converts it for the latest state.
+
+    `value` is the column as `row_struct` extracted it, `decl` the event's `declaration` of the column
+    (or NULL), `image` the row image's JSON text, read again only for a Decimal the VARIANT cannot give
+    exactly (a number it holds as a double) or in a text column (which needs to know whether JSON sent
+    a string or a number).
+    """
+    if spark_type == "string":
+        return _text(value, decl, image, column)
+    if spark_type in _INTEGERS or spark_type == "boolean":
+        return f"try_variant_get({value}, '$', {sql_string(spark_type)})"
+    if spark_type == "double":
+        return f"try_cast({value} AS DOUBLE)"
+    if spark_type == "float":
+        return f"CAST(try_cast({value} AS DOUBLE) AS FLOAT)"  # through a double, as Python rounds
+    if spark_type.startswith("decimal"):
+        scale = _scale(decl)
+        base64 = f"try_cast(concat({_unscaled(_string(value))}, 'E', -{scale}) AS {spark_type})"
+        # A number the VARIANT holds as a double (written with an exponent, or of more than 38 digits) is read
+        # again from the image's text straight into the decimal, digit for digit.
+        exact = f"from_json({image}, {sql_string(f'STRUCT<{q(column)}: {spark_type}>')}).{q(column)}"
+        return (f"CASE WHEN schema_of_variant({value}) = 'STRING' AND {_named(decl, _DECIMAL, 'bytes')} THEN {base64} "
+                f"WHEN schema_of_variant({value}) = 'DOUBLE' THEN {exact} "
+                f"ELSE try_variant_get({value}, '$', {sql_string(spark_type)}) END")
+    if spark_type == "date":
+        days = f"try_variant_get({value}, '$', 'bigint')"
+        return f"CASE WHEN {days} BETWEEN {MIN_DAYS} AND {MAX_DAYS} THEN date_from_unix_date(CAST({days} AS INT)) END"
+    if spark_type == "timestamp":
+        return _timestamp(value, decl)
+    if spark_type == "binary":
+        return f"try_to_binary({_string(value)}, 'base64')"
+    return f"CAST(NULL AS {spark_type})"  # no other type comes out of connect_types
+
+
+def _string(value: str) -> str:
+    return f"try_variant_get({value}, '$', 'string')"
+
+
+def _named(decl: str, name: str, base: str) -> str:
+    return f"coalesce({decl}.name = {sql_string(name)} AND {decl}.type = {sql_string(base)}, false)"
+
+
+def _scale(decl: str) -> str:
+    """The declared scale (a Connect Decimal's parameter; 0 when not given, as `connect_types` reads it)."""
+    return f"CAST(coalesce(try_element_at({decl}.parameters, 'scale'), '0') AS INT)"
+
+
+def _let(value: str, body: str, name: str = "__v") -> str:
+    """`body` with `name` bound to `value`, evaluated once (the Java call in `_unscaled` is not deterministic
+    to Spark, so it would not share repeated copies)."""
+    return f"element_at(transform(array({value}), {name} -> {body}), 1)"
+
+
+def _unscaled(base64: str) -> str:
+    """The decimal text of a Connect Decimal's unscaled value: big-endian two's complement bytes in base64.
+
+    Of any length (a VariableScaleDecimal or a 60-digit numeric), so not through Spark's 38-digit
+    decimals: the hex digits go to Scala's `BigInt(text, 16)`, a static method `try_reflect` can call;
+    a negative number's magnitude is its two's complement, formed on the hex text.
+    """
+    magnitude = (f"concat(translate(regexp_extract(__v, '{_NEGATE}', 1), '0123456789ABCDEF', 'FEDCBA9876543210'), "
+                 f"substr('0FEDCBA987654321', CAST(conv(regexp_extract(__v, '{_NEGATE}', 2), 16, 10) AS INT) + 1, 1), "
+                 f"regexp_extract(__v, '{_NEGATE}', 3))")
+    body = (f"CASE WHEN __v = '' THEN '0' WHEN left(__v, 1) < '8' THEN try_reflect('scala.math.BigInt', 'apply', __v, 16) "
+            f"ELSE concat('-', try_reflect('scala.math.BigInt', 'apply', {magnitude}, 16)) END")
+    return _let(f"hex(try_to_binary({base64}, 'base64'))", body)
+
+
+def _plain(unscaled: str, scale: str) -> str:
+    """Python's `format(Decimal(unscaled).scaleb(-scale), 'f')`: the number written out, `scale` digits after the point."""
+    digits = "regexp_replace(__v, '^-', '')"
+    padded = f"lpad({digits}, greatest(length({digits}), {scale} + 1), '0')"
+    body = (f"CASE WHEN {scale} > 0 THEN concat(IF(left(__v, 1) = '-', '-', ''), substr({padded}, 1, length({padded}) - {scale}), '.', "
+            f"substr({padded}, length({padded}) - {scale} + 1)) "
+            f"WHEN {scale} = 0 OR __v = '0' THEN __v ELSE concat(__v, repeat('0', -{scale})) END")
+    return _let(unscaled, body)
+
+
+def _text(value: str, decl: str, image: str, column: str) -> str:
+    """A text column: the string or JSON text as extracted, except the two decimals `connect_types`
+    keeps as exact text: a VariableScaleDecimal `{scale, value}`, and a Decimal wider than 38 digits,
+    whose JSON form (base64 string or number) is read again from the image as a VARIANT."""
+    variant = f"from_json({image}, {sql_string(f'STRUCT<{q(column)}: VARIANT>')}).{q(column)}"
+    vsd = _plain(_unscaled(f"try_variant_get({variant}, '$.value', 'string')"), f"try_variant_get({variant}, '$.scale', 'int')")
+    scale = _scale(decl)
+    wide = (f"CASE WHEN schema_of_variant({variant}) = 'STRING' THEN {_plain(_unscaled(_string(variant)), scale)} "
+            f"ELSE {_quantized(variant, f'greatest({scale}, 0)')} END")
+    return (f"CASE WHEN {value} IS NULL THEN NULL WHEN {_named(decl, _VARIABLE_SCALE_DECIMAL, 'struct')} THEN {vsd} "
+            f"WHEN {_named(decl, _DECIMAL, 'bytes')} THEN {wide} ELSE {value} END")
+
+
+def _quantized(variant: str, scale: str) -> str:
+    """A Decimal sent as a JSON number (decimal.format=NUMERIC) as exact text with `scale` digits after
+    the point, as Python's `quantize` and `format` write it; NULL where that would drop a digit (Python
+    refuses the value). The number is read from the VARIANT, which holds a plain number of up to 38
+    digits exactly and any other (more digits, or an exponent, as the raw log writes 1E-27) as a double:
+    such a value is NULL here, a known gap (the full view has its digits). Spark reads a JSON number
+    exactly only into a decimal of a scale fixed in the query, which a column wider than Spark's decimals
+    does not have; the gap needs both the non-default decimal.format=NUMERIC and a column of more than
+    38 digits."""
+    number = "'^(-?)([0-9]*)(?:[.]([0-9]*))?(?:[eE]([+-]?[0-9]+))?$'"
+    parts = (f"named_struct('sign', regexp_extract(__v, {number}, 1), "
+             f"'digits', concat(regexp_extract(__v, {number}, 2), regexp_extract(__v, {number}, 3)), "
+             f"'scale', length(regexp_extract(__v, {number}, 3)) - CAST(coalesce(nullif(regexp_extract(__v, {number}, 4), ''), '0') AS INT))")
+    parsed = _let(f"IF({_string(variant)} RLIKE {number}, {_string(variant)}, NULL)", parts)
+    cut = "__n.scale - __s"
+    unscaled = (f"CASE WHEN __n.scale <= __s THEN concat(__n.digits, repeat('0', __s - __n.scale)) "
+                f"WHEN right(__n.digits, {cut}) RLIKE '^0*$' THEN left(__n.digits, length(__n.digits) - ({cut})) END")
+    signed = _let(unscaled, "IF(__u IS NULL, NULL, concat(__n.sign, coalesce(nullif(regexp_replace(__u, '^0+', ''), ''), '0')))", name="__u")
+    body = _let(scale, _plain(signed, "__s"), name="__s")
+    return f"CASE WHEN schema_of_variant({variant}) = 'DOUBLE' THEN NULL ELSE {_let(parsed, body, name='__n')} END"
+
+
+def _timestamp(value: str, decl: str) -> str:
+    """Epoch numbers by their declared unit (floored to the microsecond), ISO-8601 text (ZonedTimestamp)
+    to the instant it names; a text without an offset is UTC, as Python reads it, whatever the session's zone."""
+    n = f"try_variant_get({value}, '$', 'bigint')"
+    branches = []
+    for name, unit_ns in sorted(_EPOCH_TIMESTAMPS.items()):
+        if unit_ns >= 1000:
+            factor = unit_ns // 1000
+            micros = f"CASE WHEN {n} BETWEEN {-(-MIN_MICROS // factor)} AND {MAX_MICROS // factor} THEN {n} * {factor} END"
+        else:
+            divisor = 1000 // unit_ns
+            micros = f"{n} div {divisor} - IF({n} % {divisor} < 0, 1, 0)"
+        branches.append(f"WHEN {_named(decl, name, 'int64')} THEN {micros}")
+    text = _string(value)
+    zoned = f"unix_micros(try_cast(IF({text} RLIKE '[T ].*(Z|[+-][0-9:]+)$', {text}, concat({text}, 'Z')) AS TIMESTAMP))"
+    branches.append(f"WHEN {_named(decl, _ZONED_TIMESTAMP, 'string')} THEN {zoned}")
+    micros = _let(f"CASE {' '.join(branches)} END", f"IF(__v BETWEEN {MIN_MICROS} AND {MAX_MICROS}, timestamp_micros(__v), NULL)")
+    return micros
+

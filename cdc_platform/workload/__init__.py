@@ -1,0 +1,1 @@
+"""The sample workload and the demo."""
