@@ -397,3 +397,42 @@ if __name__ == "__main__":  # internal: `workload()` runs the generator in a chi
         _generate(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:
         sys.exit("usage: _common.py generate ROOT TRANSACTIONS SEED EVENTS_PER_FILE (used by the benchmarks)")
+
+
+@dataclass
+class TaskSampler:
+    """The share of wall time in which no Spark task runs: the driver alone (planning, Delta's commits,
+    listing, Python on the driver). It bounds what any cluster can speed a run up by: more executors only
+    shorten the other share. Sampled every `interval` seconds from Spark's status tracker (active stages'
+    running tasks), so it is an estimate, good to a few percent over a run of minutes."""
+
+    spark: Any
+    interval: float = 0.05
+    samples: int = 0
+    idle: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> TaskSampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        while not self._stop.is_set():
+            running = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    running += info.numActiveTasks
+            self.samples += 1
+            self.idle += running == 0
+            self._stop.wait(self.interval)
+
+    def stop(self) -> float:
+        """The driver-only share of the time sampled (0..1)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.idle / self.samples if self.samples else float("nan")

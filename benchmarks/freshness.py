@@ -1,25 +1,27 @@
-"""Freshness: from an event's source timestamp to its row being visible in the latest-state table.
+"""Freshness: from an event's source timestamp to its row being visible in `<name>__full_view`.
 
 A feeder lands the sample workload's files at a steady rate of change events (default 2,000/s) while
 `cdc stream` runs as a subprocess, exactly as an operator runs it. Each change event's `source.ts_ms`
 is set to the wall clock at the moment its file lands, so "source timestamp" means "the moment the
-connector delivered it". A reader polls the configured latest-state tables the way every reader
-does, `lake_spark.read(spark, lake/<name>)` (delta-spark; the stored table behind `<name>__full_view`), and notes
-when each event's row (`_event_id`) first shows up. Latency = first seen - source timestamp; it
-includes the poll interval, which is printed with the figures.
+connector delivered it". A reader polls every `<name>__full_view` the way a reader's session does (the
+lake's views registered again, then one query), and notes when each event's row (`_event_id`) first
+shows up there; the consistent views are polled beside them. Latency = first seen - source timestamp; it
+includes the poll interval and the poll's own query, whose seconds are printed with the figures.
 
-    .venv/bin/python benchmarks/freshness.py                        # 2,000 events/s for 60 s
-    .venv/bin/python benchmarks/freshness.py --rate 500 --seconds 30 --trigger-interval '2 seconds'
+First, in the same run, the floor: the same lines fed at the same rate to a plain Structured Streaming
+append into one Delta table (no parsing, no guarantees), polled the same way (its Delta table read
+again each poll). Where 5 s is below it, the target is being within 1.5x of it.
+
+    .venv/bin/python benchmarks/freshness.py                        # 2,000 events/s for 60 s, floor first
+    .venv/bin/python benchmarks/freshness.py --rate 500 --seconds 30 --trigger-interval '2 seconds' --no-floor
 
 `--through stack` measures the real path instead (issue 11): a writer commits row changes to
 PostgreSQL at the rate (transactions of `--tx-rows` rows, half inserts, half updates), Debezium's
 connector publishes them to Kafka, and `cdc stream` (`source: kafka`) lands them; latency is the
-source commit time Debezium reports (`source.ts_ms`, the lake's `_source_ts`) to the row being seen.
-It starts the test bed (`cdc_platform.testbed`) itself and stops it at the end.
+source commit time Debezium reports (`source.ts_ms`, the lake's `_source_ts`) to the row being seen in
+the full view. It starts the test bed (`cdc_platform.testbed`) itself and stops it at the end.
 
     .venv/bin/python benchmarks/freshness.py --through stack        # 2,000 row changes/s for 60 s
-
-Needs cdc_platform/latest_state/ (issue 3); without it there is no latest-state table to watch.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from _common import (
@@ -113,29 +116,27 @@ class Feeder(threading.Thread):
 
 
 class Poller:
-    """Reads the latest-state tables as every reader does and notes when each event's row first shows up."""
+    """Reads what a reader reads and notes when each event's row first shows up there.
 
-    def __init__(self, spark: Any, paths: list[Path]) -> None:
-        self.spark, self.paths = spark, paths
+    `fetch(since_micros)` returns (`_event_id`, `_source_ts` in µs) of the rows sourced at or after `since`:
+    `full_views` reads every `<name>__full_view` (registered again each poll, pinned to the lake as it then is,
+    as a reader's session does), `floor_table` the plain append's Delta table. Each poll's own seconds are kept:
+    they are part of what a reader waits for."""
+
+    def __init__(self, fetch: Callable[[int], Any]) -> None:
+        self.fetch = fetch
         self.seen: dict[str, float] = {}  # _event_id -> latency in seconds
         self.first_seen_wall: dict[str, float] = {}
         self.watermark = 0  # newest _source_ts (µs) seen, minus a margin, to keep each poll small
+        self.poll_seconds: list[float] = []
 
     def poll(self) -> int:
-        from pyspark.sql import functions as F
-
-        from cdc_platform import lake
-        from cdc_platform.lake import lake_spark
-
-        frames = [lake_spark.read(self.spark, p).select("_event_id", "_source_ts") for p in self.paths if lake.exists(p)]
-        if not frames:
-            return 0
+        t0 = time.perf_counter()
+        rows = self.fetch(self.watermark - 30_000_000)
         observed = time.time()
-        df = frames[0]
-        for other in frames[1:]:
-            df = df.unionByName(other)
-        since = self.watermark - 30_000_000
-        rows = df.where(F.col("_source_ts") >= F.timestamp_micros(F.lit(since))).toArrow()
+        self.poll_seconds.append(time.perf_counter() - t0)
+        if rows is None:
+            return 0
         new = 0
         for event_id, ts in zip(rows.column("_event_id").to_pylist(), rows.column("_source_ts").cast("int64").to_pylist()):
             if event_id is None or ts is None or event_id in self.seen:
@@ -146,12 +147,52 @@ class Poller:
             new += 1
         return new
 
-    def wait_until_up(self, proc: subprocess.Popen[bytes], timeout: float) -> bool:
-        """Poll until a first row shows up (the stream is up and landing), the stream exits, or `timeout`."""
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout and proc.poll() is None and not self.poll():
-            time.sleep(1.0)
-        return proc.poll() is None and bool(self.seen)
+
+def full_views(spark: Any, lake_dir: Path, names: list[str], suffix: str = "__full_view") -> Callable[[int], Any]:
+    """A poll of the latest-state tables' full views (or, with `suffix`, another view of each), as `cdc sql` reads them."""
+    from cdc_platform import lake
+    from cdc_platform.views import register_consistent_views, register_latest_state_views
+
+    def fetch(since: int) -> Any:
+        if not lake.exists(lake.table_path(lake_dir, names[0])):
+            return None
+        register_latest_state_views(spark, lake_dir)
+        if suffix == "__consistent_view":
+            register_consistent_views(spark, lake_dir)
+        union = " UNION ALL ".join(f"SELECT _event_id, _source_ts FROM `{n}{suffix}` WHERE _source_ts >= timestamp_micros({since})" for n in names)
+        return spark.sql(union).toArrow()
+
+    return fetch
+
+
+def floor_table(spark: Any, path: Path) -> Callable[[int], Any]:
+    """A poll of the plain append's table: every change event's line, its id the line's hash, its time `source.ts_ms`."""
+    from pyspark.sql import functions as F
+
+    def fetch(since: int) -> Any:
+        if not (path / "_delta_log").is_dir():
+            return None
+        df = spark.read.format("delta").load(str(path))
+        ts = F.get_json_object("value", "$.source.ts_ms").cast("bigint") * 1000
+        rows = df.where(ts.isNotNull() & (ts >= since)).select(F.sha2("value", 256).alias("_event_id"), ts.alias("_source_ts"))
+        return rows.toArrow()
+
+    return fetch
+
+
+def floor_stream(landing: str, target: str, trigger: str) -> int:
+    """The freshness floor: a plain Structured Streaming append of the landing's lines into one Delta table."""
+    from cdc_platform.spark.session import get_spark
+
+    spark = get_spark("cdc-benchmark-freshness-floor")
+    query = (spark.readStream.format("text").option("recursiveFileLookup", "true").load(landing)
+             .writeStream.format("delta").option("checkpointLocation", target + "_checkpoint").trigger(processingTime=trigger)
+             .start(target))
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    return 0
 
     def drain(self, alive: Any, interval: float, quiet: float = 15.0, limit: float = 120.0, until_ts: float | None = None) -> bool:
         """Poll until nothing new shows up for `quiet` seconds (or `limit`, or the stream exits); with `until_ts`
@@ -170,21 +211,26 @@ class Poller:
         return until_ts is None
 
 
-def report(poller: Poller, warm_ids: set[str], started_at: float, warmup: float, metrics_path: Path, out: dict[str, Any]) -> None:
+def report(poller: Poller, warm_ids: set[str], started_at: float, warmup: float, metrics_path: Path | None, out: dict[str, Any],
+           what: str = "full views") -> None:
     """Latency percentiles, all and steady state (events sourced `warmup` s after the feed began)."""
     from cdc_platform import lake
 
     measured = {k: v for k, v in poller.seen.items() if k not in warm_ids}
     steady = [v for k, v in measured.items() if poller.first_seen_wall[k] - v >= started_at + warmup]
     lat = list(measured.values())
-    metrics = lake.open_table(metrics_path).to_pyarrow_table().to_pylist()
-    batch_s = [(m["finished_at"] - m["started_at"]).total_seconds() for m in metrics]
-    say(f"rows seen in latest-state tables: {len(lat):,} events (the rest were superseded by a later change to the same key before a poll, "
-        f"or dead-lettered); stream batches: {len(metrics)}, foreachBatch seconds p50 {percentile(batch_s, 50):.2f} / max {max(batch_s, default=0):.2f}")
-    say(f"latency all:          p50 {percentile(lat, 50):.2f} s  p90 {percentile(lat, 90):.2f} s  p99 {percentile(lat, 99):.2f} s  max {max(lat, default=float('nan')):.2f} s")
-    say(f"latency steady state: p50 {percentile(steady, 50):.2f} s  p90 {percentile(steady, 90):.2f} s  p99 {percentile(steady, 99):.2f} s  "
+    batches = ""
+    if metrics_path is not None:
+        metrics = lake.open_table(metrics_path).to_pyarrow_table().to_pylist()
+        batch_s = [(m["finished_at"] - m["started_at"]).total_seconds() for m in metrics]
+        batches = f"; ingest batches: {len(metrics)}, foreachBatch seconds p50 {percentile(batch_s, 50):.2f} / max {max(batch_s, default=0):.2f}"
+    polls = poller.poll_seconds
+    say(f"[{what}] rows seen: {len(lat):,} events (the rest were superseded by a later change to the same key before a poll, "
+        f"or dead-lettered){batches}; a poll took p50 {percentile(polls, 50):.2f} s / p90 {percentile(polls, 90):.2f} s")
+    say(f"[{what}] latency all:          p50 {percentile(lat, 50):.2f} s  p90 {percentile(lat, 90):.2f} s  p99 {percentile(lat, 99):.2f} s  max {max(lat, default=float('nan')):.2f} s")
+    say(f"[{what}] latency steady state: p50 {percentile(steady, 50):.2f} s  p90 {percentile(steady, 90):.2f} s  p99 {percentile(steady, 99):.2f} s  "
         f"(events sourced >= {warmup:.0f} s after feeding began; n={len(steady):,})  target p99 <= 5 s  [{load_average()}]")
-    out |= {"rows_seen": len(lat), "p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
+    out |= {"poll_p50": percentile(polls, 50), "rows_seen": len(lat), "p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
             "steady_p50": percentile(steady, 50), "steady_p90": percentile(steady, 90), "steady_p99": percentile(steady, 99), "load": load_average()}
 
 
@@ -219,7 +265,14 @@ def main() -> int:
     parser.add_argument("--drain-limit", type=float, default=900.0,
                         help="--through stack: how long to wait, after the writer, for the lake to catch up (default 900 s)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds at the start left out of the steady-state figures")
+    parser.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                        help="first measure the floor: a plain Structured Streaming append of the same lines into one Delta table (default on)")
+    parser.add_argument("--consistent", action=argparse.BooleanOptionalAction, default=True,
+                        help="also poll the consistent views (default on)")
+    parser.add_argument("--floor-stream", nargs=3, metavar=("LANDING", "TARGET", "TRIGGER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_stream:
+        return floor_stream(*args.floor_stream)
     if args.through == "stack":
         return through_stack(args)
 
@@ -230,6 +283,28 @@ def main() -> int:
     events_needed = int(args.rate * args.seconds * 1.1) + 1000
     w = workload(transactions_for(events_needed), args.seed, args.events_per_file)
     run_dir = fresh_dir(OUT / "freshness")
+    spark = get_spark("cdc-benchmark-freshness")
+    out: dict[str, Any] = {"through": "files", "rate": args.rate, "seconds": args.seconds, "trigger_interval": args.trigger_interval,
+                           "poll": args.poll}
+
+    if args.floor:
+        banner(f"the floor: a plain Structured Streaming append of the same lines into one Delta table, {args.rate:,.0f} change events/s")
+        floor_dir = run_dir / "floor"
+        (floor_dir / "landing").mkdir(parents=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        with (floor_dir / "stream.log").open("wb") as log:
+            proc = subprocess.Popen([sys.executable, __file__, "--floor-stream", str(floor_dir / "landing"), str(floor_dir / "lines"),
+                                     args.trigger_interval], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        floor = Poller(floor_table(spark, floor_dir / "lines"))
+        fed = feed_and_poll(w, floor_dir / "landing", args, proc, [floor])
+        if fed is None:
+            say(f"the floor's stream did not come up; see {floor_dir / 'stream.log'}")
+            return 1
+        feeder, warm = fed
+        floor_out: dict[str, Any] = {}
+        report(floor, warm[0], feeder.started_at, args.warmup, None, floor_out, what="plain append (floor)")
+        out["floor"] = floor_out
+
     (run_dir / "landing").mkdir()
     base = (w.config_path).read_text(encoding="utf-8").replace("landing: landing\nlake: lake\n", "")
     config_path = run_dir / "cdc.yaml"
@@ -237,39 +312,61 @@ def main() -> int:
     config = load_config(config_path)
     banner(f"freshness: {args.rate:,.0f} change events/s for {args.seconds:.0f} s, trigger {args.trigger_interval!r}, poll {args.poll} s")
     say(f"stages: {', '.join(type(s).__name__ for s in IngestJob(config).stages) or 'none'}; watching {', '.join(t.name for t in config.tables)}")
-
-    spark = get_spark("cdc-benchmark-freshness")
+    names = [t.name for t in config.tables]
     proc = start_stream(config_path, run_dir, args.trigger_interval)
-    poller = Poller(spark, [config.lake / t.name for t in config.tables])
+    pollers = [Poller(full_views(spark, config.lake, names))]
+    if args.consistent:
+        pollers.append(Poller(full_views(spark, config.lake, names, "__consistent_view")))
+    fed = feed_and_poll(w, run_dir / "landing", args, proc, pollers)
+    if fed is None:
+        say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
+        return 1
+    feeder, warm = fed
+    out["events_written"] = feeder.events_written
+    report(pollers[0], warm[0], feeder.started_at, args.warmup, config.lake / "pipeline_metrics", out)
+    if args.consistent:
+        consistent: dict[str, Any] = {}
+        report(pollers[1], warm[1], feeder.started_at, args.warmup, None, consistent, what="consistent views")
+        out["consistent"] = consistent
+    if args.floor:
+        say(f"full views' steady p99 / the floor's: {out['steady_p99'] / out['floor']['steady_p99']:.2f} (target <= 1.5 where 5 s is below the floor)")
+    (OUT / "freshness.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
+    return 0
+
+
+def feed_and_poll(w: Any, landing: Path, args: argparse.Namespace, proc: subprocess.Popen[bytes],
+                  pollers: list[Poller]) -> tuple[Feeder, list[set[str]]] | None:
+    """Warm the stream up (a first file visible), feed at the rate while polling, drain, stop the stream.
+    Returns the feeder and each poller's warm-up ids, or None when the stream did not come up."""
     try:
-        # Warm-up: wait until the stream is up and a first file is visible, so start-up is not measured.
         t0 = time.perf_counter()
-        warm = Feeder(w.landing, run_dir / "landing", rate=1e9, seconds=1e9)
+        warm = Feeder(w.landing, landing, rate=1e9, seconds=1e9)
         warm.files = warm.files[:4]
         warm.run()
-        if not poller.wait_until_up(proc, 180):
-            say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
-            return 1
-        warm_ids = set(poller.seen)
+        up = pollers[0]
+        while time.perf_counter() - t0 < 240 and proc.poll() is None and not up.poll():
+            time.sleep(1.0)
+        if proc.poll() is not None or not up.seen:
+            return None
+        for other in pollers[1:]:
+            other.poll()
+        warm_ids = [set(p.seen) for p in pollers]
         say(f"stream up and first rows visible after {time.perf_counter() - t0:.1f} s; feeding ...  [{load_average()}]")
-        feeder = Feeder(w.landing, run_dir / "landing", args.rate, args.seconds)
+        feeder = Feeder(w.landing, landing, args.rate, args.seconds)
         feeder.files = feeder.files[4:]
         feeder.start()
         while feeder.is_alive():
-            poller.poll()
+            for p in pollers:
+                p.poll()
             time.sleep(args.poll)
         say(f"feeder done: {feeder.events_written:,} change events ({feeder.lines_written:,} lines, {feeder.files_written} files) "
             f"in {feeder.finished_at - feeder.started_at:.1f} s = {feeder.events_written / (feeder.finished_at - feeder.started_at):,.0f} events/s; "
             f"at most {feeder.behind_max:.1f} s behind schedule  [{load_average()}]")
-        poller.drain(lambda: proc.poll() is None, args.poll)
+        for p in pollers:
+            p.drain(lambda: proc.poll() is None, args.poll)
+        return feeder, warm_ids
     finally:
         stop_stream(proc)
-
-    out: dict[str, Any] = {"through": "files", "rate": args.rate, "seconds": args.seconds, "trigger_interval": args.trigger_interval,
-                           "poll": args.poll, "events_written": feeder.events_written}
-    report(poller, warm_ids, feeder.started_at, args.warmup, config.lake / "pipeline_metrics", out)
-    (OUT / "freshness.json").write_text(json.dumps(out, indent=2), encoding="utf-8")
-    return 0
 
 
 class SourceWriter(threading.Thread):
@@ -348,9 +445,12 @@ def through_stack(args: argparse.Namespace) -> int:
         config = load_config(config_path)
         spark = get_spark("cdc-benchmark-freshness")
         proc = start_stream(config_path, run_dir, args.trigger_interval)
-        poller = Poller(spark, [config.lake / table])
+        poller = Poller(full_views(spark, config.lake, [table]))
         t0 = time.perf_counter()
-        if not poller.wait_until_up(proc, 240):  # the snapshot row: the stream is up
+        t_up = time.perf_counter()
+        while time.perf_counter() - t_up < 240 and proc.poll() is None and not poller.poll():  # the snapshot row: the stream is up
+            time.sleep(1.0)
+        if proc.poll() is not None or not poller.seen:
             say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
             return 1
         warm_ids = set(poller.seen)

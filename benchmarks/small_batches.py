@@ -65,9 +65,15 @@ def _slices(landing: Path, n: int) -> dict[Path, list[list[bytes]]]:
     return out
 
 
-def _commits(lake: Path) -> int:
-    """Delta commits so far, over every table of the lake (a commit is one `_delta_log/<version>.json`)."""
-    return sum(1 for _ in lake.glob("*/_delta_log/*.json")) if lake.is_dir() else 0
+#: The tables an ingest batch commits to: what a reader of the full views waits for.
+INGEST_TABLES = ("raw_change_events", "transaction_markers", "dead_letter", "pipeline_metrics")
+
+
+def _commits(lake: Path, tables: tuple[str, ...] | None = None) -> int:
+    """Delta commits so far, over every table of the lake or of `tables` (a commit is one `_delta_log/<version>.json`)."""
+    if not lake.is_dir():
+        return 0
+    return sum(1 for p in lake.glob("*/_delta_log/*.json") if tables is None or p.parent.parent.name in tables)
 
 
 def _jobs(spark: Any) -> int | None:
@@ -116,6 +122,7 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
         config = load_config(run_root / "cdc.yaml", lake=run_root / "lake", landing=run_root / "landing")
         compiles = codegen.METRIC_COMPILATION_TIME().getCount()
         jobs, commits, labelled = _jobs(spark), _commits(config.lake), _jobs_by_label(spark)
+        ingest_commits = _commits(config.lake, INGEST_TABLES)
         cpu = CpuByRole(jvm_threads=True).start()
         t = time.perf_counter()
         report = IngestJob(config).run_available_now(spark)
@@ -125,6 +132,8 @@ def child(name: str, conf: dict[str, str], runs: int, transactions: int, steady:
         row: dict[str, Any] = {
             "run": n, "wall": wall, "cpu": cpu.stop(), "compiles": codegen.METRIC_COMPILATION_TIME().getCount() - compiles,
             "jobs": None if jobs is None or (after := _jobs(spark)) is None else after - jobs, "commits": _commits(config.lake) - commits,
+            "ingest_commits": _commits(config.lake, INGEST_TABLES) - ingest_commits,
+            "stage_batch_seconds": sum(b.seconds for b in report.stage_batches),
             "batches": len(report.batches), "lines": report.total("rows_read"),
             "batch_seconds": sum(b.seconds for b in report.batches),
             "stages": report.stage_seconds(),
@@ -179,7 +188,8 @@ def main() -> None:
             threads = largest_first(jvm_thread_seconds(r["cpu"]))
             stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
             say(f"  run {r['run']:2d}: {r['wall']:5.2f} s (in batches {r['batch_seconds']:.2f}: {stages}), {r['batches']} batch(es), "
-                f"{r['lines']} lines, {r['compiles']:3d} compiles, {r['jobs']} jobs, {r['commits']} commits; CPU s: {cpu}")
+                f"{r['lines']} lines, {r['compiles']:3d} compiles, {r['jobs']} jobs, {r['commits']} commits "
+                f"({r['ingest_commits']} of them the ingest's; stage queries {r['stage_batch_seconds']:.2f} s); CPU s: {cpu}")
             if threads:
                 say(f"          JVM CPU s by thread: {threads}")
             if r.get("by_label") is not None:
@@ -196,7 +206,9 @@ def main() -> None:
             say(f"  {name}: {statistics.median(r['wall'] for r in rows):.2f} s wall, "
                 f"{statistics.median(r['batch_seconds'] for r in rows):.2f} s in batches, {cpu:.1f} s CPU ({jvm:.1f} s JVM), "
                 f"{statistics.median(r['compiles'] for r in rows):.0f} compiles, "
-                f"{jobs} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits  (n = {len(rows)})")
+                f"{jobs} Spark jobs, {statistics.median(r['commits'] for r in rows):.0f} Delta commits, "
+                f"of them the ingest batch's: {statistics.median(r['by_label']['batch'] for r in rows if r.get('by_label')) if all(r.get('by_label') for r in rows) else '?'} jobs, "
+                f"{statistics.median(r['ingest_commits'] for r in rows):.0f} commits, {statistics.median(r['batch_seconds'] for r in rows):.2f} s  (n = {len(rows)})")
             kinds = {k for r in rows for k in jvm_thread_seconds(r["cpu"])}
             if kinds:
                 by_kind = {k: statistics.median(jvm_thread_seconds(r["cpu"]).get(k, 0.0) for r in rows) for k in kinds}

@@ -31,6 +31,7 @@ from _common import (
     OUT,
     CpuByRole,
     MemorySampler,
+    TaskSampler,
     banner,
     exit_now,
     fresh_dir,
@@ -352,6 +353,7 @@ def main() -> int:
 
     from cdc_platform.config import load_config, with_overrides
     from cdc_platform.run.ingest import IngestJob, default_stages
+    from cdc_platform.run.run_reports import RunReport
     from cdc_platform.spark.session import get_spark
     from cdc_platform.stages.stage import RAW
 
@@ -420,10 +422,12 @@ def main() -> int:
         f"max_files_per_trigger={args.max_files_per_trigger}")
     mem = MemorySampler().start()
     cpu = CpuByRole(jvm_threads=True).start()
+    tasks = TaskSampler(spark).start()
     wall0 = time.time()
     t0 = time.perf_counter()
     report = job.run_available_now(spark)
     run_s = time.perf_counter() - t0
+    driver_only = tasks.stop()
     run_cpu = cpu.stop()
     run_mem = mem.stop()
     landed = report.landed()
@@ -437,6 +441,9 @@ def main() -> int:
         "rows_read": report.total("rows_read"),
         "load": load_average(),
         "stages": stage_names(job),
+        "driver_only_share": driver_only,
+        "stage_batches": len(report.stage_batches),
+        "stage_query_seconds": sum(b.seconds for b in report.stage_batches),
     }
     say(
         f"(b) cdc run: {run_s:.1f} s = {w.change_events / run_s:,.0f} change events/s ({report.total('rows_read') / run_s:,.0f} lines/s), "
@@ -444,12 +451,17 @@ def main() -> int:
     )
     say(f"    {memory_line(run_mem)}")
     say(f"    {cpu_line(run_cpu, run_s)}")
+    say(f"    driver only (no Spark task running): {driver_only:.0%} of the run's wall time (target <= 25%: it bounds any cluster's speed-up); "
+        f"ingest batches {sum(b.seconds for b in report.batches):.1f} s, then the stage queries' {len(report.stage_batches)} batches "
+        f"{sum(b.seconds for b in report.stage_batches):.1f} s (side by side)")
     in_batches = sum(b.seconds for b in report.batches)
-    by_stage = report.stage_seconds()
+    by_stage = RunReport(batches=report.batches).stage_seconds()
     say(
-        f"    where the time went: spark outside foreachBatch (trigger, listing, planning) {run_s - in_batches:.1f} s; "
-        + ", ".join(f"stage {k} {v:.1f} s" for k, v in by_stage.items())
-        + f", other {in_batches - sum(by_stage.values()):.1f} s"
+        f"    where the ingest's time went: spark outside foreachBatch (trigger, listing, planning) "
+        f"{run_s - in_batches - report.drain_seconds:.1f} s; "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in by_stage.items())
+        + f", other {in_batches - sum(by_stage.values()):.1f} s; then draining the stage queries {report.drain_seconds:.1f} s: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in RunReport(stage_batches=report.stage_batches).stage_seconds().items())
     )
     ok_lines = report.total("rows_read") == w.lines
     ok_events = landed.get(RAW, 0) == w.change_events

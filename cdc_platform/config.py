@@ -30,6 +30,7 @@ SYSTEM_TABLES: tuple[str, ...] = (
     "transaction_markers",
     "dead_letter",
     "pipeline_metrics",
+    "stage_progress",
     "transactions",
     "incomplete_transactions",
     "late_transaction_events",

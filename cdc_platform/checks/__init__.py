@@ -90,7 +90,7 @@ class TableStats:
 
 
 def _add_actions(table: DeltaTable) -> pa.Table:
-    return pa.table(table.get_add_actions(flatten=True))
+    return lake.add_actions(table)
 
 
 def table_stats(path: Path) -> TableStats:
@@ -104,11 +104,7 @@ def table_stats(path: Path) -> TableStats:
 
 def column_max(path: Path, column: str) -> Any:
     """The largest value of a column from file statistics (None for an empty table or missing stats)."""
-    actions = _add_actions(lake.open_table(path))
-    name = f"max.{column}"
-    if actions.num_rows == 0 or name not in actions.column_names:
-        return None
-    return pc.max(actions.column(name)).as_py()
+    return lake.column_max(path, column)
 
 
 def _as_utc(value: Any) -> dt.datetime | None:

@@ -121,6 +121,42 @@ def open_snapshot(path: LakePath, version: int) -> DeltaTable:
     return table if table.version() == version else DeltaTable(str(path), version=version, storage_options=delta_rs_options(path))
 
 
+def add_actions(table: DeltaTable) -> pa.Table:
+    """A snapshot's data files with their partition values and statistics (`partition.<col>`, `min.<col>`, ...)."""
+    return pa.table(table.get_add_actions(flatten=True))
+
+
+def column_max(path: LakePath, column: str, where: tuple[str, str] | None = None) -> Any:
+    """The largest value of a column from file statistics (None for an empty table or missing stats), over the
+    files of one partition value when `where` is (partition column, value)."""
+    import pyarrow.compute as pc
+
+    actions = add_actions(open_table(path))
+    name = f"max.{column}"
+    if actions.num_rows == 0 or name not in actions.column_names:
+        return None
+    values = actions.column(name)
+    if where is not None:
+        partition = f"partition.{where[0]}"
+        if partition not in actions.column_names:
+            return None
+        values = values.filter(pc.equal(actions.column(partition), where[1]))
+    found = pc.max(values).as_py()
+    if isinstance(found, dt.datetime) and found.tzinfo is None:
+        found = found.replace(tzinfo=dt.timezone.utc)
+    return found
+
+
+def applied_through(lake: LakePath, query: str) -> dt.datetime | None:
+    """How far a stage query has applied the raw log (`stage_progress.applied_through`, the newest `ingested_at`
+    of the raw-log rows it has taken), from file statistics; None before its first batch or without the table."""
+    path = table_path(lake, "stage_progress")
+    if not exists(path):
+        return None
+    found = column_max(path, "applied_through", ("query", query))
+    return found if isinstance(found, dt.datetime) else None
+
+
 def app_id(query_id: str, table: str) -> str:
     return f"{query_id}:{table}"
 

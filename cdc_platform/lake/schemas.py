@@ -53,6 +53,10 @@ RAW_CHANGE_EVENTS = pa.schema(
         pa.field("ingested_at", TS),
         pa.field("line", pa.string()),
         *KAFKA_ORIGIN,
+        # The line's place in its ingest batch (the batch's input order); with `ingested_at` it orders arrivals
+        # across batches, which the stages reading the raw log need for two distinct events at one position.
+        # Added after the first release: null in rows an earlier version wrote.
+        pa.field("arrival", pa.int64()),
     ]
 )
 RAW_PARTITION_BY = ["event_date"]
@@ -111,10 +115,32 @@ PIPELINE_METRICS = pa.schema(
     ]
 )
 
+#: One row per micro-batch of a stage query (latest state, transactions, ...: each reads the raw log as a
+#: stream of its own, `run/stage_queries.py`): what it read, landed and dead-lettered, its seconds and figures,
+#: and how far into the raw log it has applied (`applied_through`: the newest `ingested_at` of the raw-log rows
+#: it has taken, this batch's and every earlier one's), which the views read as "folded up to here".
+STAGE_PROGRESS = pa.schema(
+    [
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("started_at", TS),
+        pa.field("finished_at", TS),
+        pa.field("events", pa.int64()),
+        pa.field("markers", pa.int64()),
+        pa.field("dead_letters", pa.int64()),
+        pa.field("rows_landed", pa.map_(pa.string(), pa.int64())),
+        pa.field("stage_seconds", pa.map_(pa.string(), pa.float64())),
+        pa.field("stage_figures", pa.map_(pa.string(), pa.float64())),
+        pa.field("newest_source_ts", TS),
+        pa.field("applied_through", TS),
+    ]
+)
+
 #: What the parser emits per input line: one wide row whose `kind` says which table it feeds.
 PARSED = pa.schema(
     [pa.field("kind", pa.string())]
-    + [pa.field(f.name, f.type) for f in RAW_CHANGE_EVENTS if f.name not in ("source_file", "ingested_at", "line", "event_date")]
+    + [pa.field(f.name, f.type) for f in RAW_CHANGE_EVENTS if f.name not in ("source_file", "ingested_at", "line", "event_date", "arrival")]
     + [
         pa.field("event_date", pa.date32()),
         pa.field("marker_id", pa.string()),

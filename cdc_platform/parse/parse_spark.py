@@ -202,7 +202,8 @@ def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBa
     kind = F.col("kind")
     losers = repeats(parsed).persist()
     firsts = parsed.join(F.broadcast(losers.select(SEQ)), on=SEQ, how="left_anti")
-    events = _shape(firsts.where(kind == "change"), schemas.RAW_CHANGE_EVENTS, {"ingested_at": at, "event_date": F.coalesce(F.col("event_date"), today)})
+    events = _shape(firsts.where(kind == "change"), schemas.RAW_CHANGE_EVENTS,
+                    {"ingested_at": at, "event_date": F.coalesce(F.col("event_date"), today), "arrival": F.col(SEQ)})
     markers = _shape(firsts.where(kind == "marker"), schemas.TRANSACTION_MARKERS, {"ingested_at": at, "marker_date": F.coalesce(F.col("marker_date"), today)})
     dead = _shape(
         parsed.where(kind == "dead_letter"),

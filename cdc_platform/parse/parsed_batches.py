@@ -131,6 +131,8 @@ def split_parsed(parsed: pa.Table, batch_id: int, ingested_at: dt.datetime | Non
     ingested_at = ingested_at or dt.datetime.now(dt.timezone.utc)
     kinds = parsed.column("kind")
     n = parsed.num_rows
+    if "arrival" not in parsed.column_names:  # the input order, as the stream's split keeps it (`parse_spark.split`)
+        parsed = parsed.append_column("arrival", pa.array(range(n), pa.int64()))
     ingest_ts = pa.scalar(ingested_at, schemas.TS)
     today = pa.scalar(ingested_at.date(), pa.date32())
 

@@ -1,25 +1,25 @@
-"""Ingest: the Structured Streaming job from landing files or Kafka topics to the raw change-event log.
+"""Ingest: the Structured Streaming job from landing files or Kafka topics to the raw change-event log,
+and the stage queries that read the raw log (`stage_queries.py`).
 
-Shape of the job: a stream of lines from the configured source (`sources.py`: the landing directory at
+Shape of the job: a stream of lines from the configured source (`sources/streams.py`: the landing directory at
 any depth, new files picked up as they arrive; or Kafka topics) -> `foreachBatch`, where the executors
 parse the batch's lines (`parse_spark.parse_lines`) and delta-spark commits them (`lake_spark`); the
-driver sees one small aggregate per batch. Inside a batch the data flows one way: the raw log and
-markers are committed first, then every later stage (latest state, transactions) from the same parsed
-batch (they stage and fold beside the raw log's write and commit after it: `SparkBatch.raw_landed`),
-then dead letters and one `pipeline_metrics` row.
+driver sees one small aggregate per batch. An ingest batch writes only what is on a reader's path: the
+raw log, then the markers (a reader never sees an END before its events), then dead letters and one
+`pipeline_metrics` row. Nothing else holds it back.
 
-Stages come in two kinds (`stage.py`). A Spark stage (latest state, transactions) takes the batch as
-DataFrames and does its per-event work on the executors; the stages run side by side, each in its own
-thread, so one's commits overlap the other's jobs. A driver-side stage (the `Stage` protocol: tools,
-tests, the transaction stage's single-process reference `TransactionStage`) gets the batch collected,
-once (`parse_spark.driver_batch`, only the columns it reads). The raw log, markers, dead letters,
-metrics, latest state and transactions never pass through the driver.
+Every stage after the raw log (latest state, transactions) is a streaming query of its own that reads
+the raw log as a Delta streaming source, with its own checkpoint (`StageQuery`): a slow or failing stage
+delays only its own tables. `IngestJob` runs them together: `cdc stream` runs the ingest and every stage
+query side by side in one Spark application, `cdc run` ingests what is available, then drains every stage
+query. The latest-state views read the raw log's events the fold has not taken yet, so a change is visible
+once the raw log commits it (`views`).
 
 Exactly once: the source's checkpoint (kept in the lake) names each batch's files or Kafka offset
 ranges, so a restart replays an unfinished batch with the same id and the same lines; every commit
 carries Delta's application transaction `<query id>:<table>` = batch id, and Delta skips a write it
 already holds (see `lake_spark.py`); the raw log and markers additionally dedup by event identity, so
-redelivered input inserts nothing.
+redelivered input inserts nothing. Each stage query does the same with its own query id.
 """
 
 from __future__ import annotations
@@ -42,21 +42,18 @@ from cdc_platform.spark import spark_jobs
 from cdc_platform.config import PlatformConfig
 from cdc_platform.parse.envelope import KeySpec
 from cdc_platform.errors import CdcError
-from cdc_platform.backfill.onboarding import ConfigWatch, build_from_raw_log
+from cdc_platform.backfill.onboarding import ConfigWatch
 from cdc_platform.run.run_reports import BatchReport, FoldedBatches, RunReport
+from cdc_platform.run.queries import BatchGate, StageRunner, StopRequested, await_queries, stop_after_batch
+from cdc_platform.run.stage_queries import StageQuery, progress_table_spec, upgrade_start
 from cdc_platform.stages.stage import (
     DEAD_LETTER,
     MARKERS,
     METRICS,
     RAW,
     BatchContext,
-    RawLogGate,
-    SparkBatch,
     SparkStage,
     Stage,
-    StageResult,
-    run_spark_stage,
-    run_stage,
 )
 from cdc_platform.storage import LakePath
 
@@ -64,7 +61,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle` whether time is up
 #: A batch of nothing but heartbeats writes its `pipeline_metrics` row at most this often (seconds);
 #: the ones between are folded into the next row written (their lines into its `rows_read`, their
 #: count into `stage_figures['ingest.idle_batches_folded']`), or into a last row when the run stops.
@@ -75,10 +71,6 @@ IDLE_POLL_SECONDS = 0.5  # how often a running stream asks stages with `on_idle`
 IDLE_METRICS_INTERVAL = 60.0
 
 
-class _StopRequested(Exception):
-    """A micro-batch Spark started while the job was stopping: refused, so it replays on restart."""
-
-
 def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     """The stages after the raw log, in data-flow order."""
     # Imported here, not at the top: a tool that only reads or writes the raw log need not load the stages.
@@ -86,24 +78,6 @@ def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     from cdc_platform.stages.transactions import SparkTransactionStage
 
     return [LatestStateStage(), SparkTransactionStage()]
-
-
-def _spark_batch(query: StreamingQuery) -> tuple[int, bool] | None:
-    """The id of the batch Spark is on and whether it is constructed yet (its offsets logged), or None if unknown.
-
-    From Spark's internal `latestExecutionContext` (Spark 4): no public API says which batch runs. If a
-    Spark upgrade moves it, `stop_after_batch` stops at once instead, refusing the batch (which replays).
-    """
-    try:
-        context = query._jsq.streamingQuery().latestExecutionContext()  # type: ignore[attr-defined]
-        return int(context.batchId()), bool(context.isCurrentBatchConstructed())
-    except Exception:  # noqa: BLE001 - any failure means "unknown", handled by the caller
-        return None
-
-
-def _batch_in_flight(query: StreamingQuery) -> int | None:
-    found = _spark_batch(query) if query.isActive else None
-    return found[0] if found is not None and found[1] else None
 
 
 def _now() -> dt.datetime:
@@ -131,7 +105,11 @@ def _parsed_frame(spark: SparkSession, parsed: pa.Table) -> DataFrame:
 
 
 class IngestJob:
-    """The streaming job for one lake. Use `run_available_now` (cdc run) or `start` (cdc stream)."""
+    """The streaming job for one lake: the ingest query and the stage queries reading its raw log.
+
+    Use `run_available_now` (cdc run) or `run_continuously` (cdc stream). `stages` are the stages after the
+    raw log (`default_stages`), each run as a `StageQuery`; `[]` runs the ingest alone.
+    """
 
     def __init__(
         self,
@@ -142,21 +120,19 @@ class IngestJob:
         self.config = config
         self.stages = list(default_stages(config) if stages is None else stages)
         self.progress = progress or (lambda _msg: None)
+        self.stage_queries = [StageQuery(stage, config, self.progress) for stage in self.stages]
         self.reports: list[BatchReport] = []
         self._failure: BaseException | None = None
         self._query_id: str | None = None
         self._lock = threading.Lock()
-        self._batch_lock = threading.Lock()  # a batch and an idle call never interleave
-        #: While the job stops: batches with a higher id are refused (they replay on restart); None otherwise.
-        self._refuse_after: int | None = None
-        self._last_activity = time.monotonic()
-        self._last_batch_id = -1
+        self.gate = BatchGate()  # an ingest batch and a stop never interleave
         self.keys = KeySpec(dict(config.keys_by_source))
         self.idle_metrics_interval = IDLE_METRICS_INTERVAL
         self._metrics_written_at: float | None = None  # monotonic time of the last metrics row this job wrote
         self._folded = FoldedBatches()  # heartbeat-only batches whose metrics rows were folded (in memory only)
         #: Tables added to the config file while the stream runs are onboarded between batches (onboarding.py).
         self._config_watch = ConfigWatch(config, self.progress) if config.source_file is not None else None
+        self._last_ingested_at: dt.datetime | None = None
 
     # -- set-up -------------------------------------------------------------------------------------
     def setup(self, spark: SparkSession | None = None) -> None:
@@ -167,30 +143,30 @@ class IngestJob:
         # The registry first: a reader that finds a table's directory must already know what it is (`cdc serve`
         # registered a latest-state table it did not know yet as a plain table, then could not make its views).
         lake.write_registry(cfg)
+        upgrade_start(spark, cfg, self.stage_queries)  # before `stage_progress` exists: it tells a lake from before stage queries
         own = [(self.path(name), lake_spark.spark_schema(schema), partition_by) for name, schema, partition_by in (
             (RAW, schemas.RAW_CHANGE_EVENTS, schemas.RAW_PARTITION_BY),
             (MARKERS, schemas.TRANSACTION_MARKERS, schemas.MARKERS_PARTITION_BY),
             (DEAD_LETTER, schemas.DEAD_LETTER, []),
             (METRICS, schemas.PIPELINE_METRICS, []),
-        )]
+        )] + [progress_table_spec(cfg)]
         # The stages' tables are independent of these and of each other: all are created side by side.
         with spark_jobs.labelled("setup", "cdc setup: creating the lake's tables"):
             spark_jobs.side_by_side([lambda: lake_spark.ensure_tables(spark, own), *(lambda s=s: s.setup(cfg) for s in self.stages)],
                                     name="cdc-setup")
 
     def onboard_added_tables(self) -> list[str]:
-        """Tables added to the config file since the last batch: built from the raw log, then kept by the stream."""
+        """Tables added to the config file since the last batch: the ingest keys their events from now on, and
+        the stage queries build and keep them (`StageQuery.onboard`)."""
         updated = self._config_watch.poll() if self._config_watch is not None else None
         if updated is None:
             return []
         added = [t for t in updated.tables if t not in self.config.tables]
         lake.write_registry(updated)  # before the new tables' directories appear (see `setup`)
-        build_from_raw_log(updated, added, self.progress)
         self.config = updated
         self.keys = KeySpec(dict(updated.keys_by_source))
-        for stage in self.stages:
-            stage.setup(updated)
-        self.progress(f"onboarded {', '.join(f'{t.source} as {t.name}' for t in added)}: kept from this batch on, without a restart")
+        for query in self.stage_queries:
+            query.onboard(updated, added)
         return [t.name for t in added]
 
     def path(self, name: str) -> LakePath:
@@ -199,9 +175,10 @@ class IngestJob:
     # -- one batch ----------------------------------------------------------------------------------
     def process_parsed(
         self, parsed: DataFrame | pa.Table, batch_id: int, query_id: str, *, before: dict[str, float] | None = None,
-        started: dt.datetime | None = None,
+        started: dt.datetime | None = None, drain: bool = True,
     ) -> BatchReport:
-        """Commit one parsed micro-batch to every table, exactly once per (query id, batch id).
+        """Commit one parsed micro-batch to the raw log exactly once per (query id, batch id), then (for tools
+        and tests, `drain`) let every stage query take what the raw log now holds.
 
         `parsed` is what `parse_spark.parse_lines` returns (or, from tools and tests, a `PARSED` Arrow
         table, taken in its row order). `before` carries seconds spent on this batch before (parsing),
@@ -214,14 +191,30 @@ class IngestJob:
         parsed = parsed.persist()
         try:
             with spark_jobs.labelled("batch", f"cdc batch {batch_id}"):
-                return self._commit_batch(parsed, batch_id, query_id, t0=t0, started=started, before=before)
+                report = self._commit_batch(parsed, batch_id, query_id, t0=t0, started=started, before=before)
         finally:
             parsed.unpersist()
+        if drain and self.stage_queries:
+            drained = self.drain_stages(parsed.sparkSession)
+            for stage_report in drained:
+                for k, v in stage_report.rows_landed.items():
+                    report.rows_landed[k] = report.rows_landed.get(k, 0) + v
+                report.dead_letters += stage_report.dead_letters
+                for k, v in stage_report.stage_seconds.items():
+                    report.stage_seconds[k] = report.stage_seconds.get(k, 0.0) + v
+        return report
 
     def _commit_batch(
         self, parsed: DataFrame, batch_id: int, query_id: str, *, t0: float, started: dt.datetime, before: dict[str, float] | None
     ) -> BatchReport:
         t = time.perf_counter()
+        # Arrivals are ordered by `ingested_at` (then by `arrival` within a batch): a batch's is later than the last
+        # batch's, and whole milliseconds, because Delta keeps a timestamp's file statistics to the millisecond
+        # and the views find the raw log's not-yet-folded tail by them (`views.tail`).
+        started = started.replace(microsecond=started.microsecond // 1000 * 1000)
+        if self._last_ingested_at is not None and started <= self._last_ingested_at:
+            started = self._last_ingested_at + dt.timedelta(milliseconds=1)
+        self._last_ingested_at = started
         with spark_jobs.batch_labelled(batch_id, "split"):
             split = parse_spark.split(parsed, batch_id, started)
         try:
@@ -237,116 +230,35 @@ class IngestJob:
         figures_ = split.figures
         ctx = BatchContext(self.config, query_id, batch_id)
         seconds: dict[str, float] = {**(before or {}), "split": split_seconds}
-        landed: dict[str, int] = {}
+        landed: dict[str, int] = {RAW: 0, MARKERS: 0}
         figures: dict[str, float] = {}
         # heartbeats and schema-change records are counted, not stored (control_records.py)
         figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
-        landed[RAW] = landed[MARKERS] = 0
-        raw_gate = RawLogGate(f"the raw log of batch {batch_id} was not committed, so no stage commits it; the batch replays on restart")
+        # The raw log, then the markers (a reader never sees an END before its events).
+        t = time.perf_counter()
+        with spark_jobs.batch_labelled(batch_id, RAW, "raw log and markers"):
+            # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
+            inserted = lake_spark.insert_new_once(
+                split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+                footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
+            ) if figures_.change_events else 0
+            landed[RAW] = inserted if inserted is not None else 0
+            markers_inserted = lake_spark.insert_new_once(
+                split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+                range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
+            ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
+            landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
+        seconds["raw"] = time.perf_counter() - t
+        distinct = figures_.distinct_events + figures_.distinct_markers
+        duplicates = figures_.in_batch_duplicates + (0 if inserted is None else distinct - landed[RAW] - landed[MARKERS])
 
-        def write_raw() -> bool:
-            """The raw log, then the markers (a reader never sees an END before its events); True if replayed."""
-            t = time.perf_counter()
-            try:
-                with spark_jobs.batch_labelled(batch_id, RAW, "raw log and markers"):
-                    # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
-                    inserted = lake_spark.insert_new_once(
-                        split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
-                        footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
-                    ) if figures_.change_events else 0
-                    landed[RAW] = inserted if inserted is not None else 0
-                    markers_inserted = lake_spark.insert_new_once(
-                        split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-                        range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
-                    ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
-                    landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
-            except BaseException:
-                raw_gate.fail()
-                raise
-            raw_gate.open()
-            seconds["raw"] = time.perf_counter() - t
-            return inserted is None
-
-        spark_batch = SparkBatch(batch_id, split.events, split.markers, frozenset(figures_.table_ids), started,
-                                 event_count=figures_.distinct_events, marker_count=figures_.distinct_markers,
-                                 raw_landed=raw_gate.wait, table_clocks=figures_.table_clocks, marker_clock=figures_.marker_clock)
-        isolated = 0
-
-        def write_isolated(rows: pa.Table, stage_name: str) -> None:
-            nonlocal isolated
-            isolated += rows.num_rows
-            dead_rows = lake_spark.from_arrow(spark, parse_spark.with_lines(rows, split.events), schemas.DEAD_LETTER)
-            if lake_spark.append_once(dead_rows, self.path(DEAD_LETTER), ctx.app_id(f"{DEAD_LETTER}.{stage_name}"), batch_id):
-                landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + rows.num_rows
-
-        stage_dead: list[pa.Table] = []
-        stage_frames: list[tuple[DataFrame, int]] = []
-
-        def run_arrow_stages(stages: list[Stage]) -> dict[str, StageResult]:
-            done: dict[str, StageResult] = {}
-            raw_gate.wait()  # these commit inside `run_stage`: after the raw log, as the Spark stages do
-            t = time.perf_counter()
-            narrow = getattr(stages[0], "driver_columns", None) if len(stages) == 1 else None
-            with spark_jobs.batch_labelled(batch_id, "collect", "collect for the driver's stages"):
-                batch = parse_spark.driver_batch(split, batch_id, started, narrow)  # collected once for them all
-            seconds["collect"] = time.perf_counter() - t
-            for stage in stages:
-                t = time.perf_counter()
-                with spark_jobs.batch_labelled(batch_id, stage.name):
-                    done[stage.name] = run_stage(stage, batch, ctx, write_isolated)
-                seconds[stage.name] = time.perf_counter() - t
-            return done
-
-        results: dict[str, StageResult] = {}
-        replayed: list[bool] = []
-        try:
-            # The stages are independent given the batch, and each commits exactly once on its own, so they run
-            # side by side, and beside the raw log's write: their work before their first commit (staging,
-            # folding, the clock) overlaps its jobs and commits, and their commits wait for it (`raw_landed`).
-            # The driver-side (Arrow) stages run beside the Spark ones too.
-            arrow_stages = [s for s in self.stages if not callable(getattr(s, "run", None))]
-
-            def run_spark(stage: SparkStage) -> None:
-                t = time.perf_counter()
-                with spark_jobs.batch_labelled(batch_id, stage.name):
-                    results[stage.name] = run_spark_stage(stage, spark_batch, ctx)  # as it returns: released even if another fails
-                seconds[stage.name] = time.perf_counter() - t
-
-            actions: list[Callable[[], None]] = [lambda: replayed.append(write_raw())]  # first: its failure is the one raised
-            actions += [lambda stage=stage: run_spark(stage) for stage in self.stages if stage not in arrow_stages]  # type: ignore[misc]
-            if arrow_stages:
-                actions.append(lambda: results.update(run_arrow_stages(arrow_stages)))
-            # Every stage runs to its end even when another fails (it may be committing); the first failure is raised.
-            spark_jobs.side_by_side(actions, name="cdc-stages")
-            distinct = figures_.distinct_events + figures_.distinct_markers
-            duplicates = figures_.in_batch_duplicates + (0 if replayed[0] else distinct - landed[RAW] - landed[MARKERS])
-            for stage in self.stages:
-                result = results[stage.name]
-                for k, v in result.rows_landed.items():
-                    landed[k] = landed.get(k, 0) + v
-                figures.update({f"{stage.name}.{k}": float(v) for k, v in result.figures.items()})
-                if result.dead_letters is not None and result.dead_letters.num_rows:
-                    stage_dead.append(result.dead_letters)
-                if result.dead_frame is not None and result.dead_count:
-                    stage_frames.append((result.dead_frame, result.dead_count))
-
-            t = time.perf_counter()
-            dead_count = figures_.dead_letters + sum(d.num_rows for d in stage_dead) + sum(n for _, n in stage_frames)
-            if dead_count:
-                dead = split.dead_letters
-                for rows in stage_dead:
-                    dead = dead.unionByName(lake_spark.from_arrow(spark, rows, schemas.DEAD_LETTER))
-                for frame, _ in stage_frames:
-                    dead = dead.unionByName(frame)
-                with spark_jobs.batch_labelled(batch_id, DEAD_LETTER, "dead letters"):
-                    if lake_spark.append_once(dead, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
-                        landed[DEAD_LETTER] = landed.get(DEAD_LETTER, 0) + dead_count
-            seconds["dead_letter"] = time.perf_counter() - t
-        finally:  # every stage that returned, even when another failed
-            for result in results.values():
-                if result.release is not None:
-                    result.release()
+        t = time.perf_counter()
+        if figures_.dead_letters:
+            with spark_jobs.batch_labelled(batch_id, DEAD_LETTER, "dead letters"):
+                if lake_spark.append_once(split.dead_letters, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
+                    landed[DEAD_LETTER] = figures_.dead_letters
+        seconds["dead_letter"] = time.perf_counter() - t
 
         report = BatchReport(
             batch_id=batch_id,
@@ -354,7 +266,7 @@ class IngestJob:
             change_events=figures_.distinct_events,
             markers=figures_.distinct_markers,
             tombstones=figures_.tombstones,
-            dead_letters=dead_count + isolated,
+            dead_letters=figures_.dead_letters,
             duplicates_skipped=duplicates,
             rows_landed=landed,
             stage_seconds=seconds,
@@ -373,10 +285,23 @@ class IngestJob:
         self._metrics_written_at, self._folded = now, FoldedBatches()
         return report
 
+    def drain_stages(self, spark: SparkSession) -> list[BatchReport]:
+        """Run every stage query until it has taken all the raw log holds now (side by side); their reports.
+
+        A stage that fails leaves the others to finish and is raised then: its batch replays next time."""
+        if not self.stage_queries:
+            return []
+        counts = [len(q.reports) for q in self.stage_queries]
+        for q in self.stage_queries:
+            q.failure = None
+        started = [(q, q.start(spark, available_now=True)) for q in self.stage_queries]
+        await_queries(started)
+        return [r for q, n in zip(self.stage_queries, counts) for r in q.reports[n:]]
+
     def flush_folded_metrics(self) -> None:
         """Write the row of the newest heartbeat-only batch whose row was folded, carrying the ones before
         it: called when a run or stream ends, so its metrics total every line it read."""
-        with self._batch_lock:
+        with self.gate.lock:
             folded, self._folded = self._folded, FoldedBatches()
             if folded.last is None:
                 return
@@ -424,19 +349,18 @@ class IngestJob:
     def foreach_batch(self, df: DataFrame, batch_id: int) -> None:
         try:
             started = _now()
-            with self._batch_lock:
+            with self.gate.lock:
                 self.onboard_added_tables()
             parsed = parse_spark.parse_lines(df, self.keys)
-            with self._batch_lock:
-                if self._refuse_after is not None and batch_id > self._refuse_after:
-                    raise _StopRequested(f"batch {batch_id} started after the stop was asked for; it runs again on restart")
-                report = self.process_parsed(parsed, batch_id, self.query_id(), started=started)
-                self._last_activity = time.monotonic()
-                self._last_batch_id = batch_id
-        except _StopRequested:
+            with self.gate.lock, spark_jobs.in_pool("ingest"):
+                self.gate.check(batch_id)
+                report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)
+        except StopRequested:
             raise
         except BaseException as exc:  # keep the original error; Spark would wrap it beyond recognition
             self._failure = exc
+            if not isinstance(exc, Exception):  # py4j's callback thread would die on it and the query would never end
+                raise RuntimeError(f"{type(exc).__name__} in the batch") from exc
             raise
         with self._lock:
             self.reports.append(report)
@@ -447,10 +371,11 @@ class IngestJob:
         )
 
     def stream(self, spark: SparkSession) -> DataFrame:
-        """The configured source (files or Kafka) as lines in `sources.py`'s column contract; `foreach_batch` parses them."""
+        """The configured source (files or Kafka) as lines in `sources/streams.py`'s column contract; `foreach_batch` parses them."""
         return sources.stream(spark, self.config)
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
+        """Start the ingest query (after `setup`); the stage queries are started by the run methods."""
         self.setup(spark)
         self._discard_unfinished_checkpoint_writes()
         writer = self.stream(spark).writeStream.foreachBatch(self.foreach_batch).option(
@@ -463,23 +388,26 @@ class IngestJob:
         return writer.start()
 
     def _discard_unfinished_checkpoint_writes(self) -> None:
-        """Remove temp files a killed stream left in the checkpoint's logs.
+        """Remove temp files a killed stream left in the checkpoints' logs (the ingest's and every stage query's).
 
         Spark writes each log entry to `.<n>.<uuid>.tmp` and renames it; a SIGKILL between the two leaves
         the temp file, which was never committed, and Spark then refuses to start batch 0 again
         (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) until someone deletes it. Safe because one stream
         writes a lake (the same rule as the exactly-once guard). Found by the crash trials.
         """
-        root = self.config.checkpoint_dir
-        for log_dir in [root / "offsets", root / "commits", *sorted((root / "sources").glob("*"))]:
-            if log_dir.is_dir():
-                for leftover in log_dir.glob(".*.tmp*"):
-                    leftover.unlink(missing_ok=True)
+        for root in [self.config.checkpoint_dir, *(q.checkpoint for q in self.stage_queries)]:
+            for log_dir in [root / "offsets", root / "commits", *sorted((root / "sources").glob("*"))]:
+                if log_dir.is_dir():
+                    for leftover in log_dir.glob(".*.tmp*"):
+                        leftover.unlink(missing_ok=True)
 
     def run_available_now(self, spark: SparkSession, stop: threading.Event | None = None) -> RunReport:
-        """Process everything that has landed, then return (what `cdc run` and the Dagster asset do).
+        """Process everything that has landed, then let every stage query take all of it, and return
+        (what `cdc run` and the Dagster asset do).
 
-        `stop` (set by Ctrl-C in `cdc run`) ends the run after the batch in flight; the report says so.
+        `stop` (set by Ctrl-C in `cdc run`) ends the run after the batch in flight; the report says so,
+        and the stage queries then take what the raw log got. A stage query that fails leaves the others
+        to finish; its error is raised after them (its batch replays on the next run).
         """
         t0 = time.perf_counter()
         query = self.start(spark, available_now=True)
@@ -491,32 +419,41 @@ class IngestJob:
                 stopped = True
                 self.stop_after_batch(query)
         self.flush_folded_metrics()
-        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0, stopped=stopped)
+        t1 = time.perf_counter()
+        stage_reports = self.drain_stages(spark)
+        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0, stopped=stopped, stage_batches=stage_reports,
+                         drain_seconds=time.perf_counter() - t1)
 
     def run_continuously(
         self, spark: SparkSession, interval: str | None = None, timeout: float | None = None, stop: threading.Event | None = None
     ) -> RunReport:
-        """Run until interrupted (Ctrl-C), `timeout` seconds have passed, or `stop` is set (for programs that embed the job).
+        """Run the ingest and every stage query until interrupted (Ctrl-C), `timeout` seconds have passed, or
+        `stop` is set (for programs that embed the job).
 
-        Every way out finishes the batch in flight first: stopping Spark's query mid-batch interrupts
+        Every way out finishes the batches in flight first: stopping Spark's query mid-batch interrupts
         the batch's writes (harmless for the lake, which replays it, but Spark then reports the
-        interrupt as a failure, with a stack trace).
+        interrupt as a failure, with a stack trace). A stage query that fails is reported and started
+        again after a pause (`StageRestarts`), while the ingest and the other stages go on; the ingest
+        failing stops everything.
         """
         t0 = time.perf_counter()
+        counts = [len(q.reports) for q in self.stage_queries]
         query = self.start(spark, available_now=False, interval=interval)
+        stages = StageRunner(spark, self.stage_queries, interval or self.config.trigger_interval, self.progress)
         stop_watch = threading.Event()
-        watcher = self._watch_idle(query, stop_watch)
+        watcher = stages.watch(stop_watch)
         try:
             self._await(query, timeout, stop)
         except KeyboardInterrupt:
             self.progress("stopping after the current batch ...")
         finally:
             stop_watch.set()
-            if watcher is not None:
-                watcher.join()
+            watcher.join()
             self.stop_after_batch(query)
+            stages.stop()
         self.flush_folded_metrics()
-        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0)
+        stage_reports = [r for q, n in zip(self.stage_queries, counts) for r in q.reports[n:]]
+        return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0, stage_batches=stage_reports)
 
     def stop_after_batch(self, query: StreamingQuery) -> None:
         """Stop a started stream without interrupting a batch: the one in flight, if any, commits whole;
@@ -527,54 +464,7 @@ class IngestJob:
         cancelled the batch half-started, with error logs (a Ctrl-C test found it). Spark starts the next
         batch the moment one ends, so it is the batch's id that is waited for, not a quiet trigger.
         """
-        in_flight = _batch_in_flight(query)
-        self._refuse_after = -1 if in_flight is None else in_flight
-        try:
-            while in_flight is not None and query.isActive:
-                now = _spark_batch(query)
-                if now is None or now[0] > in_flight:
-                    break
-                time.sleep(0.1)
-            with self._batch_lock:
-                pass
-            if query.isActive:
-                query.stop()
-        finally:
-            self._refuse_after = None
-
-    def _watch_idle(self, query: StreamingQuery, stop: threading.Event) -> threading.Thread | None:
-        """Call the stages' `on_idle` while the stream is quiet; a failure stops the stream like a batch failure."""
-        idle_stages = [s for s in self.stages if callable(getattr(s, "on_idle", None))]
-        if not idle_stages:
-            return None
-        self._last_activity = time.monotonic()
-
-        def watch() -> None:
-            while not stop.wait(IDLE_POLL_SECONDS):
-                try:
-                    if not query.isActive:
-                        return
-                    status = query.status
-                    if status.get("isTriggerActive") or status.get("isDataAvailable"):
-                        continue
-                    with self._batch_lock:
-                        idle = time.monotonic() - self._last_activity
-                        ctx = BatchContext(self.config, self.query_id(), self._last_batch_id)
-                        for stage in idle_stages:
-                            result = stage.on_idle(ctx, idle)  # type: ignore[attr-defined]
-                            if result is not None and result.rows_landed:
-                                landed = ", ".join(f"{v:,} {k}" for k, v in sorted(result.rows_landed.items()))
-                                self.progress(f"idle for {idle:.0f} s: {stage.name} landed {landed}")
-                except BaseException as exc:  # surfaced by _await, like a failed batch
-                    if stop.is_set():
-                        return
-                    self._failure = exc
-                    query.stop()
-                    return
-
-        thread = threading.Thread(target=watch, name="cdc-idle-watch", daemon=True)
-        thread.start()
-        return thread
+        stop_after_batch(query, self.gate)
 
     def _await(self, query: StreamingQuery, timeout: float | None, stop: threading.Event | None = None) -> None:
         from pyspark.errors import StreamingQueryException
@@ -593,4 +483,3 @@ class IngestJob:
             raise CdcError(f"the streaming job failed: {str(exc).splitlines()[0]}") from exc
         if self._failure is not None:
             raise self._failure
-

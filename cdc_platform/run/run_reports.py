@@ -64,17 +64,28 @@ class FoldedBatches:
 
 @dataclass
 class RunReport:
+    """A run: the ingest's batches, and the batches of the stage queries that read its raw log."""
+
     batches: list[BatchReport] = field(default_factory=list)
     seconds: float = 0.0
     stopped: bool = False  # asked to stop (Ctrl-C) before everything available was read; the next run reads the rest
+    #: The stage queries' batches (latest state, transactions): they read no lines, and land and dead-letter rows.
+    stage_batches: list[BatchReport] = field(default_factory=list)
+    #: Seconds `cdc run` spent after the ingest, letting the stage queries take what it landed (side by side).
+    drain_seconds: float = 0.0
+
+    @property
+    def all_batches(self) -> list[BatchReport]:
+        return [*self.batches, *self.stage_batches]
 
     def total(self, attr: str) -> int:
-        return sum(getattr(b, attr) for b in self.batches)
+        """A figure summed over every batch of the run (lines and events come from the ingest's; dead letters from all)."""
+        return sum(getattr(b, attr) for b in self.all_batches)
 
     def landed(self) -> dict[str, int]:
-        """Rows landed per table over the run's batches."""
-        return summed(b.rows_landed for b in self.batches)
+        """Rows landed per table over the run's batches, the stage queries' included."""
+        return summed(b.rows_landed for b in self.all_batches)
 
     def stage_seconds(self) -> dict[str, float]:
         """Seconds per step (split, raw, each stage, ...) over the run's batches: where a run's time went."""
-        return summed(b.stage_seconds for b in self.batches)
+        return summed(b.stage_seconds for b in self.all_batches)

@@ -251,6 +251,10 @@ def get_spark(
         # and a small batch takes 16% less JVM CPU (benchmarks/small_batches.py; benchmarks/README.md).
         # A class with its source key is ~15-30 KB, so a full cache is ~100 MB of driver (or executor) memory.
         .config("spark.sql.codegen.cache.maxEntries", "4000")
+        # `cdc stream` runs the ingest and the stage queries in one application: the fair scheduler shares the
+        # cores between their pools (`spark_jobs.in_pool`) instead of running every job first come, first served.
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(resources.files("cdc_platform").joinpath("spark_conf", "fairscheduler.xml")))
     )
     for key, value in {**JVM_DEFAULTS, **LOCAL_FILES_CONF, **DELTA_CONF, **python_daemon(master), **(conf or {})}.items():
         builder = builder.config(key, value)

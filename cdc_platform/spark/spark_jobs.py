@@ -101,6 +101,26 @@ def labelled(what: str, description: str) -> Iterator[None]:
         sc.setJobDescription(before)  # type: ignore[arg-type]  # None clears it
 
 
+@contextmanager
+def in_pool(pool: str) -> Iterator[None]:
+    """Run the Spark jobs this thread starts inside the block in the fair scheduler's pool `pool`
+    (`spark.scheduler.mode` FAIR, `spark_conf/fairscheduler.xml`): the ingest and each stage query of `cdc
+    stream` share the cores by their pools' weights instead of first come, first served, so a stage's big
+    batch never queues the ingest's small one behind it. Threads of `side_by_side` carry the pool."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        yield
+        return
+    before = sc.getLocalProperty("spark.scheduler.pool")
+    sc.setLocalProperty("spark.scheduler.pool", pool)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.scheduler.pool", before)  # type: ignore[arg-type]  # None clears it
+
+
 def batch_labelled(batch_id: int, part: str, what: str | None = None) -> AbstractContextManager[None]:
     """`labelled` for one part of a micro-batch: tag `cdc-<part>`, description `cdc batch <id>: <what>` (`what`
     defaults to the part's name), the one form every batch's jobs are named in."""

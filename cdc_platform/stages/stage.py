@@ -27,7 +27,6 @@ This module imports no stage and no job: stages and the job both import it, neve
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -43,6 +42,7 @@ RAW = "raw_change_events"
 MARKERS = "transaction_markers"
 DEAD_LETTER = "dead_letter"
 METRICS = "pipeline_metrics"
+PROGRESS = "stage_progress"
 
 #: The dead-letter code of an event that made a stage raise.
 STAGE_ERROR = "stage_error"
@@ -94,36 +94,11 @@ class SparkBatch:
     ingested_at: dt.datetime
     event_count: int | None = None  # distinct change events and markers (from the same aggregate); None: not counted
     marker_count: int | None = None
-    #: Blocks until the batch's raw log and markers are committed, and raises if they failed. A stage calls
-    #: it before its first commit: the stages compute while the raw log is written, but a reader never sees
-    #: a stage's output (a transaction, a latest-state row) before the events it came from.
-    raw_landed: Callable[[], None] = field(default=lambda: None, compare=False, repr=False)
     #: From the batch's one aggregate too: each source table's clock, by table id, and the markers' (newest
     #: marker time in microseconds, markers that name a transaction). None: not computed, and a stage that
     #: needs them reads them from the frames (the transaction stage's clocks).
     table_clocks: tuple[TableClock, ...] | None = None
     marker_clock: tuple[int | None, int] | None = None
-
-
-class RawLogGate:
-    """One batch's "raw log committed" signal: the job opens it (or fails it), the stages wait on it (`raw_landed`)."""
-
-    def __init__(self, failure: str) -> None:
-        self._event = threading.Event()
-        self._failed = False
-        self._failure = failure
-
-    def open(self) -> None:
-        self._event.set()
-
-    def fail(self) -> None:
-        self._failed = True
-        self._event.set()
-
-    def wait(self) -> None:
-        self._event.wait()
-        if self._failed:
-            raise StageFailure(self._failure)
 
 
 @dataclass

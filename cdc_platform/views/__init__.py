@@ -15,11 +15,22 @@ lists; see `register_lake` for the order that keeps views over several tables co
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.views import connect_sql as CS
+from cdc_platform.views import tail as TV
+from cdc_platform.views.latest_state_sql import (
+    CLEAN_SUFFIX,
+    FULL_SUFFIX,
+    VIEW_META,
+    _cols,
+    history_sql,
+    latest_state_views,
+    masked_expression,
+)
 from cdc_platform import lake
 from cdc_platform.lake import lake_spark
 from cdc_platform.lake.lake_spark import sql_string
@@ -47,9 +58,10 @@ def register_lake(spark: SparkSession, lake_dir: LakePath) -> list[str]:
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     names: list[str] = []
     tables = lake.lake_tables(lake_dir)
+    mark = lake.applied_through(lake_dir, LS.STAGE)  # before any table is pinned: the stored state then holds at least this much
     versions = register_tables(spark, lake_dir, tables)
     names.extend(tables)
-    names.extend(register_latest_state_views(spark, lake_dir, versions))
+    names.extend(register_latest_state_views(spark, lake_dir, versions, mark=mark))
     names.extend(register_consistent_views(spark, lake_dir))
     return names
 
@@ -94,198 +106,6 @@ def sql(spark: SparkSession, lake_dir: LakePath, query: str) -> DataFrame:
     return spark.sql(query)
 
 
-# --- Latest-state views: the SQL, in one place ----------------------------------------------------------
-#
-# `<name>__stored` is the physical latest-state table (see the latest_state package): `_layer` 'base' holds one row
-# per key as of the last compaction, `_layer` 'delta' the changes appended since. Every view below reads
-# it through `<name>`, which folds the two layers; identifiers are always backtick-quoted.
-
-#: Metadata columns of the folded state, in order, after the source columns.
-STATE_META = ("_op", "_deleted", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id")
-#: Metadata columns of the full and clean views (the tombstone flag is always false there).
-VIEW_META = ("_op", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id")
-#: Columns a truncate marker supplies to the rows it tombstones.
-_MARKER_META = ("_source_ts", "_transaction_id", "_ingested_at", "_event_id")
-
-
-def q(name: str) -> str:
-    return lake.quote_identifier(name)
-
-
-def _cols(names: Sequence[str], alias: str | None = None) -> str:
-    prefix = f"{alias}." if alias else ""
-    return ", ".join(prefix + q(n) for n in names)
-
-
-def _keys_present(key: Sequence[str], alias: str | None = None, *, present: bool = True) -> str:
-    prefix = f"{alias}." if alias else ""
-    test = "IS NOT NULL" if present else "IS NULL"
-    return " AND ".join(f"{prefix}{q(k)} {test}" for k in key)
-
-
-def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *, pending: bool = True, truncates: bool = True) -> str:
-    """The current state with tombstones: base and delta layers folded by the highest `_position` per key.
-
-    One window over both layers picks each key's newest row. At an equal position the distinct event
-    that arrived later wins, and a copy of a stored event counts as that event's first arrival, so a
-    redelivery changes nothing (`ordering`: the same rule as compaction; base rows were appended before
-    every delta row, so a base row is never a later arrival). A truncate marker (key columns null, `_op`
-    t) turns every row below its position into a tombstone.
-
-    Why one window and not a join of the two layers: a filter on the key columns (a point lookup, the
-    common query from a BI tool or `cdc sql`) is pushed below a window partitioned by the key, so the
-    lookup reads only the files whose statistics can hold the key and runs as a few small jobs. The join
-    form needed a broadcast per side and ran 14 jobs for one lookup (1.1 to 1.8 s against 0.4 s); it
-    saved a shuffle of the base on full scans (at 10M rows a full count took 3.1 s against 7.0 s now; README).
-
-    `pending=False` (no delta rows in the registered snapshot) and `truncates=False` (no markers in it)
-    drop the parts of the plan that would find nothing; the caller decides from the same snapshot's log.
-    """
-    if not key or not all(k in columns for k in key):
-        # No keyed row has landed yet (e.g. only a truncate): an empty state with the right columns.
-        return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
-    rows = [*columns, *STATE_META, "_seq"]
-    if pending:
-        # One shuffle by the key serves both windows (the first alone would partition by all three columns).
-        folded = f"""`__folded` AS (
-  SELECT {_cols(rows)} FROM (
-    SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `__first` DESC, `_seq` ASC) AS `__rank`
-    FROM (
-      SELECT {_cols(rows)}, min(`_seq`) OVER (PARTITION BY {_cols(key)}, `_position`, `_event_id`) AS `__first`
-      FROM (SELECT {_cols(rows)} FROM {q(stored)} WHERE {_keys_present(key)} DISTRIBUTE BY {_cols(key)})
-    )
-  ) WHERE `__rank` = 1
-)"""
-    else:
-        folded = f"""`__folded` AS (
-  SELECT {_cols(rows)} FROM {q(stored)} WHERE `_layer` = 'base' AND {_keys_present(key)}
-)"""
-    if not truncates:
-        return f"WITH {folded}\nSELECT {_cols([*columns, *STATE_META])} FROM `__folded`"
-    cut = "f.`_position` < t.`_position`"
-    out = [f"f.{q(c)}" if c in key else f"CASE WHEN {cut} THEN NULL ELSE f.{q(c)} END AS {q(c)}" for c in columns]
-    out += [f"CASE WHEN {cut} THEN 't' ELSE f.`_op` END AS `_op`", f"CASE WHEN {cut} THEN true ELSE f.`_deleted` END AS `_deleted`",
-            f"CASE WHEN {cut} THEN t.`_position` ELSE f.`_position` END AS `_position`"]
-    out += [f"CASE WHEN {cut} THEN t.{q(c)} ELSE f.{q(c)} END AS {q(c)}" for c in _MARKER_META]
-    marker = ", ".join(["max(`_position`) AS `_position`", *(f"max_by({q(c)}, `_position`) AS {q(c)}" for c in _MARKER_META)])
-    return f"""
-WITH {folded},
-`__truncate` AS (
-  SELECT {marker} FROM {q(stored)} WHERE `_op` = 't' AND {_keys_present(key, present=False)}
-)
-SELECT {', '.join(out)}
-FROM `__folded` f CROSS JOIN `__truncate` t
-"""
-
-
-def full_view_sql(state: str, columns: Sequence[str]) -> str:
-    """`<name>__full_view`: the latest state without tombstones, source columns first (WePay's full view)."""
-    return f"SELECT {_cols([*columns, *VIEW_META])} FROM {q(state)} WHERE NOT `_deleted`"
-
-
-def masked_expression(column: str, binary: bool, mode: str, salt: bytes | None) -> str | None:
-    """How `<name>__clean_view` shows a masked column; None means the column is left out.
-
-    `hash`: hex SHA-256 of salt + value (the value as text, or the bytes of a binary column), so equal
-    values still join across tables and views sharing the salt. The salt comes from the environment
-    variable the table names (`mask_salt_env`), never from the lake; without it the column is shown as
-    NULL, so a lake queried without the salt shows removal rather than a guessable unsalted hash.
-    `remove`: the column is not in the view at all.
-    """
-    if mode == "remove":
-        return None
-    if salt is None:
-        return f"CAST(NULL AS STRING) AS {q(column)}"
-    value = q(column) if binary else f"CAST(CAST({q(column)} AS STRING) AS BINARY)"
-    return f"CASE WHEN {q(column)} IS NULL THEN NULL ELSE sha2(concat(unhex('{salt.hex()}'), {value}), 256) END AS {q(column)}"
-
-
-def clean_view_sql(full: str, columns: Sequence[tuple[str, bool]], mask: Sequence[str], mode: str, salt: bytes | None) -> str:
-    """`<name>__clean_view`: the full view with every `mask:` column hashed or removed.
-
-    Masked names match case-insensitively, as Spark resolves them, so `Email` cannot slip past `email`.
-    """
-    masked = {m.lower() for m in mask}
-    select: list[str] = []
-    for name, binary in columns:
-        if name.lower() in masked:
-            expr = masked_expression(name, binary, mode, salt)
-            if expr is not None:
-                select.append(expr)
-        else:
-            select.append(q(name))
-    select += [q(m) for m in VIEW_META]
-    return f"SELECT {', '.join(select)} FROM {q(full)}"
-
-
-def history_sql(stored: str, columns: Sequence[str], key: Sequence[str]) -> str:
-    """`<name>_history` (SCD2): every version of every key with its validity and a current flag.
-
-    Versions are the applied changes in position order; a version is valid from its position until the
-    next change to the same key (or a truncate in between) and is current while nothing follows it.
-    Deletes and truncates close a version and open none. Two changes with the same key and position
-    are one version: the first applied, as in the latest state.
-    """
-    if not key or not all(k in columns for k in key):
-        return (
-            f"SELECT {_cols(columns)}, `_op`, `_position` AS `_valid_from_position`, `_source_ts` AS `_valid_from_ts`, "
-            "`_position` AS `_valid_to_position`, `_source_ts` AS `_valid_to_ts`, true AS `_is_current`, "
-            f"`_transaction_id`, `_ingested_at`, `_event_id` FROM {q(stored)} WHERE false"
-        )
-    rows = [*columns, "_op", "_deleted", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id"]
-    return f"""
-WITH `__versions` AS (
-  SELECT {_cols(rows)} FROM (
-    SELECT {_cols(rows)}, row_number() OVER (
-      PARTITION BY {_cols(key)}, `_position` ORDER BY `_seq` ASC, `_tx_order` DESC NULLS LAST, `_batch_order` DESC) AS `__dup`
-    FROM {q(stored)} WHERE {_keys_present(key)}
-  ) WHERE `__dup` = 1
-),
-`__ordered` AS (
-  SELECT *, lead(`_position`) OVER w AS `__next_position`, lead(`_source_ts`) OVER w AS `__next_ts`
-  FROM `__versions` WINDOW w AS (PARTITION BY {_cols(key)} ORDER BY `_position`)
-),
-`__truncates` AS (
-  SELECT DISTINCT `_position` AS `__t_position`, `_source_ts` AS `__t_ts` FROM {q(stored)}
-  WHERE `_op` = 't' AND {_keys_present(key, present=False)}
-),
-`__bounded` AS (
-  SELECT o.*, t.`__t_position`, t.`__t_ts`,
-         row_number() OVER (PARTITION BY {_cols(key, 'o')}, o.`_position` ORDER BY t.`__t_position` ASC NULLS LAST) AS `__first_cut`
-  FROM `__ordered` o LEFT JOIN `__truncates` t
-    ON t.`__t_position` > o.`_position` AND (o.`__next_position` IS NULL OR t.`__t_position` < o.`__next_position`)
-)
-SELECT {_cols(columns)}, `_op`,
-       `_position` AS `_valid_from_position`, `_source_ts` AS `_valid_from_ts`,
-       coalesce(`__t_position`, `__next_position`) AS `_valid_to_position`,
-       CASE WHEN `__t_position` IS NOT NULL THEN `__t_ts` ELSE `__next_ts` END AS `_valid_to_ts`,
-       `__t_position` IS NULL AND `__next_position` IS NULL AS `_is_current`,
-       `_transaction_id`, `_ingested_at`, `_event_id`
-FROM `__bounded` WHERE `__first_cut` = 1 AND NOT `_deleted`
-"""
-
-
-FULL_SUFFIX = "__full_view"
-CLEAN_SUFFIX = "__clean_view"
-
-
-def latest_state_views(
-    table: TableConfig, columns: Mapping[str, bool], stored: str, salt: bytes | None, *, pending: bool = True, truncates: bool = True
-) -> list[tuple[str, str]]:
-    """(view name, SQL) for `<name>`, `<name>__full_view` and `<name>__clean_view`, in dependency order.
-
-    `columns` maps source column names to whether the column is binary (binary columns hash their bytes).
-    """
-    names = list(columns)
-    full = f"{table.name}{FULL_SUFFIX}"
-    typed = [(c, bool(binary)) for c, binary in columns.items()]
-    return [
-        (table.name, latest_state_sql(stored, names, table.key, pending=pending, truncates=truncates)),
-        (full, full_view_sql(table.name, names)),
-        (f"{table.name}{CLEAN_SUFFIX}", clean_view_sql(full, typed, table.mask, table.mask_mode, salt)),
-    ]
-
-
 # --- Registering the latest-state views ------------------------------------------------------------
 
 def stored_view_name(name: str) -> str:
@@ -327,8 +147,12 @@ def _columns(stored: DataFrame, meta: Iterable[Any]) -> dict[str, bool]:
     return {f.name: isinstance(f.dataType, BinaryType) for f in stored.schema.fields if f.name not in names}
 
 
+_UNREAD: Any = object()
+
+
 def register_latest_state_views(
-    spark: SparkSession, lake_dir: LakePath, versions: Mapping[str, int] | None = None, only: Collection[str] | None = None
+    spark: SparkSession, lake_dir: LakePath, versions: Mapping[str, int] | None = None, only: Collection[str] | None = None,
+    *, mark: dt.datetime | None = _UNREAD,
 ) -> list[str]:
     """Register `<name>`, `<name>__full_view`, `<name>__clean_view` (and `<name>_history`) for every
     latest-state table in the lake's registry; the physical tables stay reachable as `<...>__stored`.
@@ -337,19 +161,44 @@ def register_latest_state_views(
     `register_lake` registered, given in `versions`, else the current one), and the facts that let the
     SQL skip folding work come from that same version's log, so a commit landing in between can
     neither hide pending changes nor slip past a skipped step.
+
+    The views also read the raw log's events the fold has not taken yet (`views.tail`): those ingested
+    after `mark`, the fold's `applied_through`, read before any of these tables is pinned (so the pinned
+    state holds everything up to it); the raw log is pinned after them. A snapshot whose raw log has no
+    file of the table's events after the mark gets no tail in its plan.
     """
     names: list[str] = []
+    if mark is _UNREAD:
+        mark = lake.applied_through(lake_dir, LS.STAGE)
     present = lake.lake_tables(lake_dir)
-    for table in lake.registered_tables(lake_dir):
-        if table.name not in present or (only is not None and table.name not in only):
-            continue
+    wanted = [t for t in lake.registered_tables(lake_dir) if t.name in present and (only is None or t.name in only)]
+    pinned: list[tuple[TableConfig, int, DataFrame]] = []
+    for table in wanted:
         version, snapshot = _pinned(spark, present[table.name], (versions or {}).get(table.name))
+        pinned.append((table, version, snapshot))
+    raw_version: int | None = None
+    if pinned and RAW in present:
+        raw_version = (versions or {}).get(RAW)
+        if raw_version is None:  # a reader of a few tables: the raw log pinned now, after the stored tables
+            raw_version, raw_frame = lake_spark.pinned(spark, present[RAW])
+            raw_frame.createOrReplaceTempView(lake.quote_identifier(RAW))
+    dead = lake.quote_identifier(DEAD_LETTER) if DEAD_LETTER in present and DEAD_LETTER in (versions or {}) else None
+    for table, version, snapshot in pinned:
         stored = stored_view_name(table.name)
+        pending, truncates = snapshot_facts(present[table.name], version, table.key)
+        types = stored_types(snapshot.schema.fields)
+        tail = None
+        if raw_version is not None and tail_possible(present[RAW], raw_version, table.source, mark):
+            if not all(k in types for k in table.key):  # nothing folded yet: the columns of a sample of its events
+                types = sampled_types(spark, lake.quote_identifier(RAW), table)
+                snapshot = _with_columns(snapshot, types)
+            if all(k in types for k in table.key):
+                tail = TV.tail_sql(table, types, lake.quote_identifier(RAW), mark, dead)
         snapshot.createOrReplaceTempView(lake.quote_identifier(stored))
         names.append(stored)
-        pending, truncates = snapshot_facts(present[table.name], version, table.key)
         columns = _columns(snapshot, LS.META_FIELDS)
-        statements = latest_state_views(table, columns, stored, salt=mask_salt(table), pending=pending, truncates=truncates)
+        statements = latest_state_views(table, columns, stored, salt=mask_salt(table), pending=pending, truncates=truncates,
+                                        tail=tail, types=types)
         if table.history and table.history_name in present:
             _, hsnap = _pinned(spark, present[table.history_name], (versions or {}).get(table.history_name))
             hstored = stored_view_name(table.history_name)
@@ -361,6 +210,42 @@ def register_latest_state_views(
             if view not in (table.name, table.history_name):
                 names.append(view)
     return names
+
+
+def _with_columns(snapshot: DataFrame, types: Mapping[str, str]) -> DataFrame:
+    """A stored snapshot with the source columns it lacks as typed NULLs, source columns first."""
+    from pyspark.sql import functions as F
+
+    have = set(snapshot.columns)
+    added = [F.lit(None).cast(kind).alias(name) for name, kind in types.items() if name not in have]
+    return snapshot.select(*added, *snapshot.columns) if added else snapshot
+
+
+def tail_possible(raw: Path, version: int, source: str, mark: dt.datetime | None) -> bool:
+    """Whether the raw log at `version` may hold events of `source` ingested after `mark`, from its files'
+    statistics (a file's newest `ingested_at`, its range of `table_id`) without reading a row. True when the
+    statistics cannot tell (or delta-rs cannot open the snapshot): the tail's plan is then kept, only slower."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake.exceptions import DeltaError
+
+    try:
+        actions = lake.add_actions(lake.open_snapshot(raw, version))
+    except (DeltaError, LakeError):
+        return True
+    if actions.num_rows == 0:
+        return False
+    needed = ("max.ingested_at", "min.table_id", "max.table_id")
+    if not all(c in actions.column_names for c in needed):
+        return True
+    newest, low, high = (actions.column(c) for c in needed)
+    if mark is not None:
+        at = pa.scalar(mark.astimezone(dt.timezone.utc).replace(tzinfo=None), pa.timestamp("us"))
+        later = pc.fill_null(pc.greater(newest.cast(pa.timestamp("us")), at), True)
+    else:
+        later = pa.array([True] * actions.num_rows)
+    holds = pc.fill_null(pc.and_(pc.less_equal(low, source), pc.greater_equal(high, source)), True)
+    return bool(pc.any(pc.and_(later, holds)).as_py())
 
 
 def _pinned(spark: SparkSession, path: Path, version: int | None) -> tuple[int, DataFrame]:

@@ -38,13 +38,9 @@ from cdc_platform.lake.lake_spark import location as location_of
 from cdc_platform.lake.lake_spark import sql_string
 from cdc_platform.stages.stage import DEAD_LETTER, RAW
 from cdc_platform.storage import LakePath
-from cdc_platform.views import (
-    consistent_view_sql,
-    history_sql,
-    latest_state_views,
-    sampled_types,
-    stored_view_name,
-)
+from cdc_platform.views import tail as TV
+from cdc_platform.views import consistent_view_sql, sampled_types, stored_view_name
+from cdc_platform.views.latest_state_sql import history_sql, latest_state_views
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,11 +71,13 @@ def lake_fingerprint(lake_dir: LakePath) -> str:
     """A digest that changes when the catalog must be registered again.
 
     It covers the registry (tables, keys, masks), the set of table directories, and the schema of every
-    Delta table (from its newest metadata, via delta-rs: no Spark job). Data commits that keep the schema
-    do not change it: registered tables read their latest version anyway.
+    Delta table (from its newest metadata, via delta-rs: no Spark job), and the latest-state fold's mark
+    (where the views' raw-log tail starts). Other data commits that keep the schema do not change it:
+    registered tables read their latest version anyway.
     """
     digest = hashlib.sha256()
     digest.update(json.dumps(lake.read_registry(lake_dir), sort_keys=True).encode())
+    digest.update(str(lake.applied_through(lake_dir, LS.STAGE)).encode())  # the latest-state views' tail starts there
     for name, path in sorted(lake.lake_tables(lake_dir).items()):
         digest.update(name.encode())
         try:
@@ -120,12 +118,20 @@ def register_catalog(
         names.append(name)
     views: list[tuple[str, str]] = []
     stored_types: dict[str, dict[str, str]] = {}  # table -> source column -> Spark type, for its consistent view
+    # The fold's mark, read before the views are made: a view made with an older mark reads more of the raw
+    # log's tail than it needs (never less), so the serve's refresh makes them again as the mark moves on.
+    mark = lake.applied_through(lake_dir, LS.STAGE)
+    raw = f"{q(schema)}.{q(RAW)}"
+    dead = f"{q(schema)}.{q(DEAD_LETTER)}" if DEAD_LETTER in present else None
     for table in lake.registered_tables(lake_dir):
         if table.name not in present:
             continue
         columns = LS.source_columns(pa.schema(lake.open_table(present[table.name]).schema().to_arrow()))
         stored_types[table.name] = {name: LS.type_name(kind) for name, kind in columns.items()}
-        views += latest_state_views(table, columns, stored_view_name(table.name), mask_salt(table), pending=True, truncates=True)
+        types = stored_types[table.name]
+        tail = TV.tail_sql(table, types, raw, mark, dead) if RAW in present and all(k in types for k in table.key) else None
+        views += latest_state_views(table, columns, stored_view_name(table.name), mask_salt(table), pending=True, truncates=True,
+                                   tail=tail, types=types)
         if table.history and table.history_name in present:
             hschema = pa.schema(lake.open_table(present[table.history_name]).schema().to_arrow())
             hcols = LS.source_columns(hschema, LS.HISTORY_META)

@@ -175,7 +175,8 @@ def test_placeholders_keep_the_previous_value_within_a_batch_across_batches_and_
     assert lake_row(query, cfg) == [full(1, "e"), full(2, "d")]
     stored = query(cfg, "SELECT big, doc FROM orders")
     assert all(PH not in (r["big"] or "") and PH not in (r["doc"] or "") for r in stored)
-    figures = [r["stage_figures"] for r in query(cfg, "SELECT stage_figures FROM pipeline_metrics ORDER BY batch_id")]
+    sql = "SELECT stage_figures FROM stage_progress WHERE query = 'latest_state' ORDER BY batch_id"
+    figures = [r["stage_figures"] for r in query(cfg, sql)]
     assert [f.get("latest_state.unavailable_filled") for f in figures] == [4.0, 12.0, 4.0]
 
 
@@ -187,7 +188,7 @@ def test_a_placeholder_takes_the_before_image_then_null_when_nothing_is_known(ma
     assert lake_row(query, cfg) == [full(1, "b")]
     feed([toasted(2, 20, "b")])  # no before image, never seen: NULL, counted, never the placeholder
     assert lake_row(query, cfg)[1] == (2, "b", None, None, None, None)
-    figures = query(cfg, "SELECT stage_figures FROM pipeline_metrics WHERE batch_id = 1")[0]["stage_figures"]
+    figures = query(cfg, "SELECT stage_figures FROM stage_progress WHERE query = 'latest_state' AND batch_id = 1")[0]["stage_figures"]
     assert figures["latest_state.unavailable_unresolved"] == 4.0
 
 

@@ -71,11 +71,14 @@ def test_replica_identity_file_dead_letters_the_keyless_delete(spark, make_confi
     assert "REPLICA IDENTITY FULL" in dead["reason"] and dead["table_id"] == "inventory.products"
 
     # The Spark UI and event log name each job's part of the batch (`spark_jobs.labelled`), Delta's own jobs
-    # included; the stages run side by side, so a tag leaking between their threads would mislabel them.
+    # included; the stage queries run side by side, so a tag leaking between their threads would mislabel them.
+    # The ingest batch's parts are in its batch; the stage queries' jobs never are (they are queries of their own).
     ran = {label: tagged_jobs(spark, label) - before[label] for label in labels}
     parts = [label for label in labels if label != "batch"]
     assert all(ran[label] for label in parts), {label: len(ran[label]) for label in labels}
-    assert set().union(*(ran[label] for label in parts)) <= ran["batch"]
+    ingest_parts = [label for label in parts if label not in ("latest_state", "transactions")]
+    assert set().union(*(ran[label] for label in ingest_parts)) <= ran["batch"]
+    assert not (ran["latest_state"] | ran["transactions"]) & ran["batch"]
     for i, a in enumerate(parts):
         for b in parts[i + 1:]:
             assert not ran[a] & ran[b], f"jobs tagged both {a} and {b}"
@@ -150,7 +153,12 @@ class FailsOnce:
         return StageResult(figures={"seen": seen})
 
 
-def test_a_batch_that_crashed_midway_completes_once_on_replay(make_config) -> None:
+def progress_rows(job: IngestJob) -> list[dict[str, Any]]:
+    return lake.open_table(job.path("stage_progress")).to_pyarrow_table().to_pylist()
+
+
+def test_a_stage_that_crashed_midway_completes_once_on_replay(make_config) -> None:
+    """The ingest commits whole; a stage query killed mid-batch replays that batch from its own checkpoint."""
     cfg = make_config({"payments.customers": {"key": ["id"]}})
     stage = FailsOnce()
     job = IngestJob(cfg, stages=[stage])
@@ -159,21 +167,25 @@ def test_a_batch_that_crashed_midway_completes_once_on_replay(make_config) -> No
     with pytest.raises(KeyboardInterrupt):
         job.process_parsed(batch, 3, "q")
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
-    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 0
-    job.process_parsed(batch, 3, "q")
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1, "the ingest's own dead letter landed"
+    assert progress_rows(job) == []
+    job.process_parsed(batch, 3, "q")  # the ingest refuses the replay; the stage query replays its batch
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
     assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
+    (progress,) = progress_rows(job)
+    assert progress["query"] == "flaky" and progress["events"] == 1 and dict(progress["stage_figures"]) == {"flaky.seen": 1.0}
+    assert stage.calls == 2
     metrics = lake.open_table(job.path("pipeline_metrics")).to_pyarrow_table().to_pylist()
-    assert len(metrics) == 1 and dict(metrics[0]["stage_figures"]) == {"flaky.seen": 1.0}
+    assert len(metrics) == 1 and dict(metrics[0]["stage_figures"]) == {}
 
 
 def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays_once(make_config, monkeypatch) -> None:
-    """The raw log commits before the markers; a markers error fails the batch with the events landed,
-    and the replay writes only what is missing."""
+    """The raw log commits before the markers; a markers error fails the batch with the events landed, before
+    any stage query reads it, and the replay writes only what is missing."""
     from cdc_platform.lake import lake_spark
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
-    stage = WaitsForRaw()
+    stage = CountsRaw()
     job = IngestJob(cfg, stages=[stage])
     job.setup()
     marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
@@ -187,42 +199,31 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
         return real(df, path, *args, **kwargs)
 
     monkeypatch.setattr(lake_spark, "insert_new_once", markers_fail_once)
-    with pytest.raises(OSError, match="disk full"):  # the raw log's own error, not the stage's that follows from it
+    with pytest.raises(OSError, match="disk full"):
         job.process_parsed(batch, 0, "q")
-    assert stage.seen == [None], "the stage, running beside the raw log's write, was told not to commit"
+    assert stage.seen == [], "no stage query ran on a batch the ingest did not finish"
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
     assert lake.open_table(job.path("transaction_markers")).to_pyarrow_table().num_rows == 0
     replay = job.process_parsed(batch, 0, "q")
     assert replay.rows_landed["raw_change_events"] == 0 and replay.rows_landed["transaction_markers"] == 1
     assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
-    assert stage.seen == [None, (1, 1)], "on the replay the stage went on once the events and markers were committed"
+    assert stage.seen == [(1, 1)], "the stage query read the batch once, events and markers committed"
 
 
-class WaitsForRaw:
-    """A Spark stage that waits for the batch's raw log as a real stage does before its first commit, then
-    notes what the raw log and markers held at that moment (None when it was told the write failed)."""
+class CountsRaw:
+    """A Spark stage that notes its batch's events and markers (it reads the markers beside the raw log)."""
 
-    name = "waits_for_raw"
+    name = "counts_raw"
+    reads_markers = True
 
     def __init__(self) -> None:
-        self.seen: list[tuple[int, int] | None] = []
-        self.config: PlatformConfig | None = None
+        self.seen: list[tuple[int, int]] = []
 
     def setup(self, config: PlatformConfig) -> None:
-        self.config = config
+        pass
 
     def run(self, batch: Any, ctx: BatchContext) -> StageResult:
-        from cdc_platform.stages.stage import StageFailure
-
-        try:
-            batch.raw_landed()
-        except StageFailure as exc:
-            assert "was not committed, so no stage commits it" in str(exc)
-            self.seen.append(None)
-            raise
-        assert self.config is not None
-        self.seen.append(tuple(lake.open_table(lake.table_path(self.config.lake, name)).to_pyarrow_table().num_rows
-                               for name in ("raw_change_events", "transaction_markers")))  # type: ignore[arg-type]
+        self.seen.append((batch.events.count(), batch.markers.count()))
         return StageResult()
 
 
@@ -266,37 +267,38 @@ class ArrowSide(SideStage):
         return StageResult(figures={"seen": float(seen)})
 
 
-def test_the_driver_side_stage_runs_beside_the_spark_stages(make_config) -> None:
+def test_stage_queries_run_side_by_side_and_one_failing_leaves_the_other_to_finish(make_config) -> None:
     from cdc_platform.stages.stage import StageFailure
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
-    batch = parsed_batch([event(pos=1), event(pos=2, row_id=2)], {"payments.customers": ["id"]})
+    keys = {"payments.customers": ["id"]}
 
     folding = threading.Event()
     spark_side, arrow_side = SparkSide(folding), ArrowSide(folding)
     job = IngestJob(cfg, stages=[spark_side, arrow_side])
     job.setup()
-    report = job.process_parsed(batch, 0, "q")
-    assert report.stage_seconds.keys() >= {"spark_side", "arrow_side", "collect"} and arrow_side.committed and spark_side.released
-    metrics = lake.open_table(job.path("pipeline_metrics")).to_pyarrow_table().column("stage_figures").to_pylist()
-    figures = dict(metrics[0])
-    assert figures["spark_side.ran"] == 1.0 and figures["arrow_side.seen"] == 2.0
+    report = job.process_parsed(parsed_batch([event(pos=1), event(pos=2, row_id=2)], keys), 0, "q")
+    assert report.stage_seconds.keys() >= {"spark_side", "arrow_side"} and arrow_side.committed and spark_side.released
+    figures = {r["query"]: dict(r["stage_figures"]) for r in progress_rows(job)}
+    assert figures["spark_side"]["spark_side.ran"] == 1.0 and figures["arrow_side"]["arrow_side.seen"] == 2.0
 
-    # A failing Spark stage waits for the driver-side one to finish committing, then stops the batch.
+    # A failing Spark stage's query fails after the driver-side one has finished committing.
     folding = threading.Event()
     arrow_side = ArrowSide(folding)
     job = IngestJob(cfg, stages=[SparkSide(folding, fail=True), arrow_side])
     with pytest.raises(StageFailure, match="the spark side broke"):
-        job.process_parsed(batch, 1, "q")
+        job.process_parsed(parsed_batch([event(pos=3, row_id=3)], keys), 1, "q")
     assert arrow_side.committed, "the driver-side stage was not cut off mid-commit"
 
-    # A failing driver-side stage stops the batch, and the Spark stage's cached work is still released.
+    # A failing driver-side stage fails its query; the Spark stage (replaying its failed batch) finishes and is released.
     folding = threading.Event()
     spark_side = SparkSide(folding)
     job = IngestJob(cfg, stages=[spark_side, ArrowSide(folding, fail=True)])
     with pytest.raises(StageFailure, match="disk full"):
-        job.process_parsed(batch, 2, "q")
+        job.process_parsed(parsed_batch([event(pos=4, row_id=4)], keys), 2, "q")
     assert spark_side.released
+    taken = sum(r["events"] for r in progress_rows(job) if r["query"] == "spark_side")
+    assert taken == 4, "the Spark stage's failed batch replayed (pos 3) and the new one followed (pos 4), each once"
 
 
 def tree(root: Path) -> set[Path]:
@@ -310,7 +312,7 @@ def test_unsafe_table_names_write_nothing_outside_the_lake(tmp_path, make_config
     run_pipeline(cfg)
     outside_after = tree(tmp_path.parent) - tree(tmp_path)
     assert outside_after == outside_before
-    assert set(lake.lake_tables(cfg.lake)) <= {"raw_change_events", "transaction_markers", "dead_letter", "pipeline_metrics",
+    assert set(lake.lake_tables(cfg.lake)) <= {"raw_change_events", "transaction_markers", "dead_letter", "pipeline_metrics", "stage_progress",
                                                "customers", "customers_history", "transactions", "incomplete_transactions",
                                                "late_transaction_events", "open_transactions", "consistency_watermark"}
     dead = query(cfg, "SELECT reason_code FROM dead_letter")

@@ -76,7 +76,7 @@ def test_stream_compacts_on_its_own_past_the_threshold(make_config, query) -> No
     feed([c(4, 5)])
     assert layers(cfg) == {BASE: 3, DELTA: 1}  # 1 < max(3, 0.5 x 3)
     assert [r["id"] for r in state(query, cfg)] == [1, 2, 3, 4]
-    metrics = query(cfg, "SELECT stage_figures['latest_state.compacted'] AS folded FROM pipeline_metrics ORDER BY batch_id")
+    metrics = query(cfg, "SELECT stage_figures['latest_state.compacted'] AS folded FROM stage_progress WHERE query = 'latest_state' ORDER BY batch_id")
     assert [m["folded"] for m in metrics] == [0.0, 4.0, 0.0]
 
 

@@ -81,7 +81,9 @@ def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complet
         "(SELECT count(*) FROM open_transactions WHERE entry = 'open') AS open, "
         "(SELECT count(*) FROM charges__consistent_view) AS charges, (SELECT count(*) FROM audits__consistent_view) AS audits"
     ))
-    assert counts == [{"complete": 2, "incomplete": 0, "late": 1, "sources": 1, "open": 0, "charges": 2, "audits": 1}]
+    # The redelivered g:1 charge is dropped by the raw log's identity dedup: the stage query, which reads the raw log,
+    # never sees it, so it is no late event.
+    assert counts == [{"complete": 2, "incomplete": 0, "late": 0, "sources": 1, "open": 0, "charges": 2, "audits": 1}]
     assert query(cfg, view)[0] == {"id": 1, "pos": 201, "_transaction_id": "g:2"}
     (audit,) = query(cfg, "SELECT * FROM audits__consistent_view")
     (clean,) = query(cfg, "SELECT * FROM audits__clean_view")
@@ -92,11 +94,10 @@ def test_a_half_landed_transaction_is_hidden_from_consistent_views_until_complet
         {"transaction_id": "g:1", "event_count": 2, "events_per_table": COUNTS, "first": "shop.charges"},
         {"transaction_id": "g:2", "event_count": 2, "events_per_table": COUNTS, "first": "shop.charges"},
     ]
-    late = query(cfg, "SELECT transaction_id, fate, kind FROM late_transaction_events")
-    assert late == [{"transaction_id": "g:1", "fate": "completed", "kind": "event"}]
+    assert query(cfg, "SELECT transaction_id, fate, kind FROM late_transaction_events") == [], "the redelivery never reached the stage"
     (wm,) = query(cfg, "SELECT position, open_transactions FROM consistency_watermark")
     assert wm == {"position": f"{1:010d}{202:020d}{0:010d}", "open_transactions": 0}
-    metrics = query(cfg, "SELECT stage_figures['transactions.state_rows'] AS state_rows FROM pipeline_metrics")
+    metrics = query(cfg, "SELECT stage_figures['transactions.state_rows'] AS state_rows FROM stage_progress WHERE query = 'transactions'")
     assert metrics and all(m["state_rows"] > 0 for m in metrics)
 
 

@@ -44,16 +44,32 @@ def land_batches(tmp_path: Path, batches: list[list[str]]) -> None:
         os.utime(target, (1_700_000_000 + i, 1_700_000_000 + i))  # one file per batch, in this order
 
 
+def batch_by_batch(cfg: PlatformConfig, stage: Any, batches: list[list[str]]) -> list[Any]:
+    """Each batch of lines committed by the ingest, then taken by the stage's query before the next one lands:
+    one stage batch per ingest batch, as a `cdc stream` that keeps up sees them (`cdc run` drains its
+    stage queries after the whole landing, so their batches are fewer and bigger)."""
+    from cdc_platform.parse.envelope import KeySpec, parse_line
+    from cdc_platform.parse.parsed_batches import rows_to_batch
+
+    import pyarrow as pa
+
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    keys = KeySpec(dict(cfg.keys_by_source))
+    return [job.process_parsed(pa.Table.from_batches([rows_to_batch([parse_line(line, "f.jsonl", keys) for line in lines])]), i, "q")
+            for i, lines in enumerate(batches)]
+
+
 def test_the_spark_stage_lands_what_the_driver_stage_lands_on_random_batches(
     make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any
 ) -> None:
     """Random arrivals (lost, redelivered, late, out of order), a few batches of several files each."""
-    cfg = make_config(TABLES, max_files_per_trigger=4)
-    land_batches(tmp_path, [lines for lines, idle in random_batches(2) if lines and not idle])
+    cfg = make_config(TABLES)
+    batches = [lines for lines, idle in random_batches(2) if lines and not idle]
     on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
-    IngestJob(cfg, stages=[T.TransactionStage()]).run_available_now(spark)
-    report = IngestJob(on_spark, stages=[S.SparkTransactionStage(buckets=3)]).run_available_now(spark)
-    assert len(report.batches) >= 4
+    batch_by_batch(cfg, T.TransactionStage(), batches)
+    reports = batch_by_batch(on_spark, S.SparkTransactionStage(buckets=3), batches)
+    assert len(reports) >= 4
     for name in T.TABLE_SCHEMAS:
         assert table_rows(on_spark, name) == table_rows(cfg, name), name
     assert table_rows(cfg, T.TRANSACTIONS) and table_rows(cfg, T.INCOMPLETE) and table_rows(cfg, T.LATE), "every output is exercised"
@@ -90,24 +106,29 @@ def test_a_batch_without_transactions_skips_the_fold_only_while_none_is_held(
         return real(spark, fold, *args)
 
     monkeypatch.setattr(S, "_parts", parts)
-    cfg = make_config(TABLES, max_files_per_trigger=1)
+    cfg = make_config(TABLES)
     on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
-
-    def both() -> None:
-        IngestJob(cfg, stages=[T.TransactionStage()]).run_available_now(spark)
-        IngestJob(on_spark, stages=[S.SparkTransactionStage()]).run_available_now(spark)
-
-    land_batches(tmp_path, [[ev(None, "charges", 700, 1, row=70), ev(None, "audits", 701, 2, row=71)], whole("tx1", 710, 3)])
-    both()
+    first = [[ev(None, "charges", 700, 1, row=70), ev(None, "audits", 701, 2, row=71)], whole("tx1", 710, 3)]
+    batch_by_batch(cfg, T.TransactionStage(), first)
+    batch_by_batch(on_spark, S.SparkTransactionStage(), first)
     assert folded == [1], "the plain batch folded nothing; the transaction's batch folded"
-    late = tmp_path / "landing" / "part-00002.jsonl"
-    late.write_text(ev(None, "charges", 720, 4, row=72) + "\n", encoding="utf-8")
-    os.utime(late, (1_700_000_002, 1_700_000_002))
-    both()
+    late = [ev(None, "charges", 720, 4, row=72)]
+    IngestJob(cfg, stages=[T.TransactionStage()]).process_parsed(parsed(cfg, late), 2, "q")  # a new process
+    IngestJob(on_spark, stages=[S.SparkTransactionStage()]).process_parsed(parsed(cfg, late), 2, "q")
     assert folded == [1, 2], "tx1's finished record is held: the next plain batch folds"
     for name in T.TABLE_SCHEMAS:
         assert table_rows(on_spark, name) == table_rows(cfg, name), name
     assert ids(on_spark, T.TRANSACTIONS) == ["tx1"] and table_rows(on_spark, T.WATERMARK)
+
+
+def parsed(cfg: PlatformConfig, lines: list[str]) -> Any:
+    from cdc_platform.parse.envelope import KeySpec, parse_line
+    from cdc_platform.parse.parsed_batches import rows_to_batch
+
+    import pyarrow as pa
+
+    keys = KeySpec(dict(cfg.keys_by_source))
+    return pa.Table.from_batches([rows_to_batch([parse_line(line, "f.jsonl", keys) for line in lines])])
 
 
 def versions(cfg: PlatformConfig) -> dict[str, int]:
@@ -171,7 +192,7 @@ def test_an_event_a_bucket_cannot_take_is_a_dead_letter_with_its_line_and_the_re
     (dead,) = query(cfg, "SELECT * FROM dead_letter")
     assert dead["reason_code"] == STAGE_ERROR and dead["stage"] == "transactions" and dead["line"] == bad
     assert "KeyError: 'poison'" in dead["reason"] and dead["table_id"] == "shop.charges" and dead["event_id"]
-    assert report.batches[0].rows_landed.get("dead_letter") == 1
+    assert report.landed().get("dead_letter") == 1
     assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "the rest landed"
 
 

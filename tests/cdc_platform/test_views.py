@@ -16,7 +16,7 @@ import pytest
 from cdc_platform.cli import main
 from cdc_platform import views
 from cdc_platform.stages.unavailable import PLACEHOLDER
-from cdc_platform.views import clean_view_sql, full_view_sql, latest_state_sql, masked_expression
+from cdc_platform.views.latest_state_sql import clean_view_sql, full_view_sql, latest_state_sql, masked_expression
 from tests.cdc_platform.test_latest_state import Feed, c, ev, u
 
 PEOPLE = "shop.people"

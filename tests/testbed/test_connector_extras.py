@@ -63,8 +63,9 @@ def raw_events(cfg: PlatformConfig) -> int:
 
 
 def figure(sql: Rows, name: str) -> float:
-    """A figure of `pipeline_metrics.stage_figures`, summed over every batch so far."""
-    return sum((r["stage_figures"] or {}).get(name, 0.0) for r in sql("select stage_figures from pipeline_metrics"))
+    """A figure of the ingest's (`pipeline_metrics`) or a stage query's (`stage_progress`) `stage_figures`, summed over every batch so far."""
+    table = "pipeline_metrics" if name.startswith("ingest.") else "stage_progress"
+    return sum((r["stage_figures"] or {}).get(name, 0.0) for r in sql(f"select stage_figures from {table}"))
 
 
 def rows_or_none(sql: Rows, text: str, columns: tuple[str, ...]) -> list[tuple[Any, ...]] | None:

@@ -127,6 +127,7 @@ class LatestStateStage:
     """
 
     name = STAGE
+    keeps_tables = True  # a table added to the config is built from the raw log before its query keeps it
 
     def __init__(self, compact_min_changes: int = COMPACT_MIN_CHANGES, compact_ratio: float = COMPACT_RATIO,
                  prepare: staging.Prepare | None = None) -> None:
@@ -174,7 +175,6 @@ class LatestStateStage:
             # Tables commit side by side: a Delta commit is mostly the driver waiting (log listing, writing the
             # commit file, the snapshot after it), and each table's is independent of the others'.
             tasks = [(tid, part) for tid in order for part in (staging.STATE, staging.HISTORY)]
-            batch.raw_landed()  # staged beside the raw log's write; committed after it
             parts = spark_jobs.side_by_side([lambda tid=tid, part=part: self._commit_part(spark, config.lake, inputs[tid].table, plans[tid],
                                                                                           frames[tid], ctx, part) for tid, part in tasks], name="cdc-commit")
             committed = [TableApply(rows=state.rows, compacted=state.compacted, compact_seconds=state.compact_seconds,

@@ -81,9 +81,9 @@ def fill_keys(raw: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     when they landed (the parser fills it only for configured tables): the same canonical text, from the
     same image (`after`, or `before` of a delete, which holds the record key when there was no before).
     An image without every key column keeps no key, and the event is dead-lettered as `missing_key`."""
-    keys = raw.column("key").to_pylist()
-    if all(k is not None for k in keys):
+    if raw.column("key").null_count == 0:
         return raw
+    keys = raw.column("key").to_pylist()
     ops, befores, afters = (raw.column(c).to_pylist() for c in ("op", "before", "after"))
     filled = list(keys)
     for i, key in enumerate(keys):

@@ -116,10 +116,13 @@ def schema_of(text: str | None) -> pa.Schema | None:
 
 # --- the group function ---------------------------------------------------------------------------------
 
-def _events_of(rows: pa.Table) -> pa.Table:
-    """The group's rows in batch order, shaped as the raw log (the columns the shuffle left out are null)."""
+def _events_of(rows: pa.Table, key: list[str] | tuple[str, ...]) -> pa.Table:
+    """The group's rows in batch order, shaped as the raw log (the columns the shuffle left out are null), with
+    the `key` of events that landed before their table was configured filled from their row images."""
+    from cdc_platform.stages.latest_state.rows import fill_keys
+
     rows = rows.sort_by(ORDER) if ORDER in rows.column_names else rows
-    return schemas.conform(rows, schemas.RAW_CHANGE_EVENTS)
+    return fill_keys(schemas.conform(rows, schemas.RAW_CHANGE_EVENTS), key)
 
 
 def stage_table(ctx: StagingContext, table_id: str, rows: pa.Table) -> pa.Table:
@@ -135,7 +138,7 @@ def _stage_table(ctx: StagingContext, table_id: str, rows: pa.Table) -> list[dic
     if given is None or rows.num_rows == 0:
         return []
     prepare = ctx.prepare
-    events = _events_of(rows)
+    events = _events_of(rows, given.table.key)
     batch = ParsedBatch(batch_id=ctx.batch_id, events=events, markers=schemas.TRANSACTION_MARKERS.empty_table(),
                         dead_letters=schemas.DEAD_LETTER.empty_table(), tombstones=0, rows_read=events.num_rows,
                         in_batch_duplicates=0, ingested_at=_now())

@@ -88,6 +88,7 @@ class SparkTransactionStage:
     """The transaction stage as Spark work (see the module doc); a `SparkStage`, with `on_idle` for `cdc stream`."""
 
     name = "transactions"
+    reads_markers = True  # its query reads the transaction markers beside the raw log (run/stage_queries.py)
 
     def __init__(self, buckets: int | None = None, *, probe: Any = None) -> None:
         """`buckets`: how many groups the transactions are hashed into (default: Spark's shuffle partitions).
@@ -193,8 +194,6 @@ class SparkTransactionStage:
             for k in ("completed", "expired", "late", "open", "finished_kept", "merged"):
                 figures.setdefault(k, 0.0)
             landed: dict[str, int] = {}
-            if batch is not None:
-                batch.raw_landed()  # folded beside the raw log's write; committed after it
             if poison:
                 figures["isolated_events"] = float(len(poison))
                 dead = _poison_letters(batch, poison, self.name, ctx.batch_id)

@@ -86,6 +86,7 @@ class TransactionStage:
     """
 
     name = "transactions"
+    reads_markers = True  # its query reads the transaction markers beside the raw log (run/stage_queries.py)
 
     #: The event columns a step reads, plus what a dead letter names (`stage.poison_rows`).
     EVENT_COLUMNS = ("event_id", "transaction_id", "source_name", "table_id", "op", "key", "before", "after", "position",
