@@ -70,6 +70,7 @@ public final class Envelope {
     private final Map<String, List<String>> keys;
     private static final int MEMO_LIMIT = 4096;
     private final Map<String, BigInteger> binlogIndex = new HashMap<>();
+    private final Memo memo = new Memo();
 
     /** {@code keys}: a table id's configured key columns (the config's {@code KeySpec}). */
     public Envelope(Map<String, List<String>> keys) {
@@ -82,7 +83,7 @@ public final class Envelope {
         byte[] b = json.getBytes(StandardCharsets.UTF_8);
         Object doc;
         try {
-            doc = PyJson.read(b, 0, b.length).value;
+            doc = PyJson.read(b, 0, b.length, null).value;
         } catch (Dead d) {
             throw new IllegalArgumentException("the key spec is not JSON: " + d.detail);
         }
@@ -118,7 +119,7 @@ public final class Envelope {
         int start = value.length >= 3 && (value[0] & 0xff) == 0xef && (value[1] & 0xff) == 0xbb && (value[2] & 0xff) == 0xbf ? 3 : 0;
         PyJson.Document doc;
         try {
-            doc = PyJson.read(value, start, value.length);
+            doc = PyJson.read(value, start, value.length, memo);
         } catch (Dead d) {
             return dead(d);
         }
@@ -179,7 +180,7 @@ public final class Envelope {
         Object value() {
             byte[] b = Utf8.firstInvalid(raw) < 0 ? raw : Utf8.replace(raw).getBytes(StandardCharsets.UTF_8);
             try {
-                return unwrap(PyJson.read(b, 0, b.length).value)[0];
+                return unwrap(PyJson.read(b, 0, b.length, null).value)[0];
             } catch (Dead d) {
                 return null;
             }
@@ -288,7 +289,7 @@ public final class Envelope {
                 }
                 keyValues.put(c, v);
             }
-            keyText = PyWriter.json(keyValues, true, Limits.TEXT_DEPTH);
+            keyText = PyWriter.json(keyValues, true, Limits.TEXT_DEPTH, memo);
         }
 
         Long sourceMs = asTsMs(src.get("ts_ms"), "source.ts_ms");
@@ -314,7 +315,7 @@ public final class Envelope {
         }
         boolean snapshot = !snapshotFalse(snapshotFlag) || op.equals("r");
 
-        String identity = PyWriter.canonicalWithout(env, PROCESSING_TIMES, Limits.IDENTITY_DEPTH);
+        String identity = PyWriter.canonicalWithout(env, PROCESSING_TIMES, Limits.IDENTITY_DEPTH, memo);
         String eventId = Blake2b.hex128(identity.getBytes(StandardCharsets.UTF_8));
         Object beforeImage = before != null ? before : (op.equals("d") ? beforeForKey : null);
         Long dayMs = sourceMs != null ? sourceMs : envelopeMs;
@@ -331,8 +332,8 @@ public final class Envelope {
         row.sourceTable = table;
         row.op = op;
         row.key = keyText;
-        row.before = beforeImage == null ? null : PyWriter.json(beforeImage, false, Limits.TEXT_DEPTH);
-        row.after = after == null ? null : PyWriter.json(after, false, Limits.TEXT_DEPTH);
+        row.before = beforeImage == null ? null : PyWriter.json(beforeImage, false, Limits.TEXT_DEPTH, memo);
+        row.after = after == null ? null : PyWriter.json(after, false, Limits.TEXT_DEPTH, memo);
         row.rowSchema = schema == null ? null : rowSchema(schema);
         row.position = position[0];
         row.positionKind = position[1];
@@ -427,13 +428,13 @@ public final class Envelope {
 
     /** {@code _row_schema}: the Connect schema of the {@code after} (else {@code before}) field, canonical. */
     @SuppressWarnings("unchecked")
-    private static String rowSchema(Object schema) throws PyWriter.TooDeep {
+    private String rowSchema(Object schema) throws PyWriter.TooDeep {
         if (!(schema instanceof Map)) return null;
         Object fields = ((Map<String, Object>) schema).get("fields");
         if (!(fields instanceof List)) return null;
         for (String wanted : new String[] {"after", "before"}) {
             for (Object field : (List<Object>) fields) {
-                if (field instanceof Map && wanted.equals(((Map<String, Object>) field).get("field"))) return PyWriter.json(field, true, Limits.ROW_SCHEMA_DEPTH);
+                if (field instanceof Map && wanted.equals(((Map<String, Object>) field).get("field"))) return PyWriter.json(field, true, Limits.ROW_SCHEMA_DEPTH, memo);
             }
         }
         return null;

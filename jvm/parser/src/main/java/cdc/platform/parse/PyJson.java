@@ -45,12 +45,16 @@ final class PyJson {
     private final int end;
     private final boolean floats; // orjson's path: fractions and exponents as floats
     private final int maxDepth;
+    private final Memo memo;
     private int depth;
     private int next; // the scanner's next_idx
     boolean loneSurrogate; // a \\u escape left a surrogate unpaired somewhere
     boolean decimals; // a PyDecimal was read somewhere
+    boolean sawFloat; // a number with a fraction or an exponent was read somewhere
+    int deepest; // the most containers open at once
 
-    private PyJson(byte[] b, int start, int end, boolean floats, int maxDepth) {
+    private PyJson(byte[] b, int start, int end, boolean floats, int maxDepth, Memo memo) {
+        this.memo = memo;
         this.b = b;
         this.start = start;
         this.end = end;
@@ -73,17 +77,19 @@ final class PyJson {
      * {@code _loads(text)} for the well-formed UTF-8 bytes {@code [start, end)}: the value, or the dead letter
      * Python makes of the failure ({@code not_json}, {@code out_of_range}, {@code lone_surrogate}, {@code too_deep}).
      */
-    static Document read(byte[] b, int start, int end) throws Dead {
-        if (!mayMisread(b, start, end)) {
-            PyJson floatPath = new PyJson(b, start, end, true, ORJSON_MAX_DEPTH);
-            try {
-                Object value = floatPath.document();
-                if (!floatPath.loneSurrogate) return new Document(value, false);
-            } catch (Failure f) {
-                // orjson refused the line: the stdlib reads it and words the error
+    static Document read(byte[] b, int start, int end, Memo memo) throws Dead {
+        // orjson's way first. Which way Python takes (`_orjson_may_misread`, a scan of the whole text) matters only
+        // for a line with a fraction or an exponent in it, or nested past the stdlib's depth: only then is it asked.
+        PyJson floatPath = new PyJson(b, start, end, true, ORJSON_MAX_DEPTH, memo);
+        try {
+            Object value = floatPath.document();
+            if ((!floatPath.sawFloat && floatPath.deepest <= Limits.MAX_READ_DEPTH) || !mayMisread(b, start, end)) {
+                return new Document(value, false);
             }
+        } catch (Failure f) {
+            // orjson refused the line: the stdlib reads it and words the error
         }
-        PyJson exact = new PyJson(b, start, end, false, Limits.MAX_READ_DEPTH);
+        PyJson exact = new PyJson(b, start, end, false, Limits.MAX_READ_DEPTH, memo);
         Object value;
         try {
             value = exact.document();
@@ -156,7 +162,7 @@ final class PyJson {
         if (idx >= end) throw stop(idx);
         switch (b[idx]) {
             case '"':
-                return scanString(idx + 1);
+                return scanString(idx + 1, false);
             case '{':
                 enter();
                 Object obj = parseObject(idx + 1);
@@ -198,7 +204,8 @@ final class PyJson {
     }
 
     private void enter() throws Failure {
-        if (++depth > maxDepth) {
+        if (++depth > deepest) deepest = depth;
+        if (depth > maxDepth) {
             if (floats) throw LEAVE_FLOAT_PATH;
             throw new Failure(new Dead("too_deep", "while reading"));
         }
@@ -210,7 +217,7 @@ final class PyJson {
         if (idx >= end || b[idx] != '}') {
             while (true) {
                 if (idx >= end || b[idx] != '"') throw error("Expecting property name enclosed in double quotes", idx);
-                String key = scanString(idx + 1);
+                String key = scanString(idx + 1, true);
                 idx = skipWhitespace(next);
                 if (idx >= end || b[idx] != ':') throw error("Expecting ':' delimiter", idx);
                 idx = skipWhitespace(idx + 1);
@@ -278,6 +285,7 @@ final class PyJson {
         next = idx;
         String text = new String(b, start0, idx - start0, java.nio.charset.StandardCharsets.ISO_8859_1);
         if (isFloat) {
+            sawFloat = true;
             if (floats) {
                 double v = Double.parseDouble(text);
                 if (Double.isInfinite(v)) throw LEAVE_FLOAT_PATH;
@@ -307,7 +315,7 @@ final class PyJson {
     }
 
     /** The string whose opening quote is just before {@code from}; sets {@link #next} after its closing quote. */
-    private String scanString(int from) throws Failure {
+    private String scanString(int from, boolean key) throws Failure {
         int begin = from - 1;
         int chunk = from;
         int i = from;
@@ -322,7 +330,7 @@ final class PyJson {
             if (i >= end) throw error("Unterminated string starting at", begin);
             if (b[i] == '"' && out == null) {
                 next = i + 1;
-                return text(chunk, i);
+                return key ? keyText(chunk, i) : text(chunk, i);
             }
             if (out == null) out = new StringBuilder(Math.max(16, (i - chunk) * 2));
             if (i != chunk) out.append(text(chunk, i));
@@ -393,6 +401,14 @@ final class PyJson {
             v = (v << 4) | d;
         }
         return v;
+    }
+
+    private String keyText(int from, int to) {
+        if (memo == null) return text(from, to);
+        for (int i = from; i < to; i++) {
+            if (b[i] < 0) return Utf8.decode(b, from, to);
+        }
+        return memo.key(b, from, to);
     }
 
     private String text(int from, int to) {

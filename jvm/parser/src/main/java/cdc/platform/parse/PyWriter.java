@@ -47,16 +47,16 @@ final class PyWriter {
      * {@code maxDepth}: the containers Python writes at this call ({@link Limits}); one fewer for a value that
      * holds a {@link PyDecimal}, which simplejson writes one frame deeper.
      */
-    static String json(Object value, boolean sorted, int maxDepth) throws TooDeep {
+    static String json(Object value, boolean sorted, int maxDepth, Memo memo) throws TooDeep {
         StringBuilder out = new StringBuilder(128);
-        new Depth(maxDepth).json(out, value, sorted, 0, null);
+        new Depth(maxDepth, memo).json(out, value, sorted, 0, null);
         return out.toString();
     }
 
     /** The canonical JSON of {@code map} without the top-level keys in {@code skip}: an event's identity text. */
-    static String canonicalWithout(Map<String, Object> map, List<String> skip, int maxDepth) throws TooDeep {
+    static String canonicalWithout(Map<String, Object> map, List<String> skip, int maxDepth, Memo memo) throws TooDeep {
         StringBuilder out = new StringBuilder(256);
-        new Depth(maxDepth).json(out, map, true, 0, skip);
+        new Depth(maxDepth, memo).json(out, map, true, 0, skip);
         return out.toString();
     }
 
@@ -67,11 +67,13 @@ final class PyWriter {
      */
     private static final class Depth {
         private final int max;
+        private final Memo memo;
         private int deepest; // containers
         private int deepestDecimal = -1; // containers around the deepest Decimal
 
-        Depth(int max) {
+        Depth(int max, Memo memo) {
             this.max = max;
+            this.memo = memo;
         }
 
         void enter(int depth) throws TooDeep {
@@ -123,8 +125,13 @@ final class PyWriter {
             out.append('{');
             boolean first = true;
             if (sorted && m.size() > 1) {
-                String[] keys = m.keySet().toArray(new String[0]);
-                Arrays.sort(keys, CODE_POINT_ORDER);
+                String[] keys;
+                if (limit.memo != null) {
+                    keys = limit.memo.sorted(m);
+                } else {
+                    keys = m.keySet().toArray(new String[0]);
+                    Arrays.sort(keys, CODE_POINT_ORDER);
+                }
                 for (String k : keys) {
                     if (skip != null && skip.contains(k)) continue;
                     if (!first) out.append(',');

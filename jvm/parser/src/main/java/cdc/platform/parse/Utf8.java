@@ -1,5 +1,8 @@
 package cdc.platform.parse;
 
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 
 /**
@@ -44,9 +47,23 @@ final class Utf8 {
         return k;
     }
 
+    private static final VarHandle LONGS = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+    private static final long HIGH_BITS = 0x8080808080808080L;
+
+    /** The offset of the first byte that is not ASCII from {@code from} on (eight bytes at a time), or {@code end}. */
+    static int firstNonAscii(byte[] b, int from, int end) {
+        int i = from;
+        for (; i + 8 <= end; i += 8) {
+            if (((long) LONGS.get(b, i) & HIGH_BITS) != 0) break;
+        }
+        for (; i < end; i++) if (b[i] < 0) return i;
+        return end;
+    }
+
     /** The offset of the first byte that starts no well-formed sequence, or -1 when all of {@code b} is UTF-8. */
     static int firstInvalid(byte[] b) {
-        int i = 0, end = b.length;
+        int end = b.length;
+        int i = firstNonAscii(b, 0, end);
         while (i < end) {
             if (b[i] >= 0) { i++; continue; }
             int n = sequenceLength(b, i, end);
@@ -58,8 +75,7 @@ final class Utf8 {
 
     /** True when every byte is ASCII. */
     static boolean isAscii(byte[] b, int from, int to) {
-        for (int i = from; i < to; i++) if (b[i] < 0) return false;
-        return true;
+        return firstNonAscii(b, from, to) == to;
     }
 
     /** The number of code points in the well-formed bytes {@code [from, to)}. */
