@@ -48,15 +48,14 @@ def parse_column(lines: DataFrame, keys: KeySpec) -> Column:
 
     value = F.col("value").cast("binary")
     key = F.col(RECORD_KEY_COLUMN).cast("binary") if RECORD_KEY_COLUMN in lines.columns else F.lit(None).cast("binary")
-    jvm = lines.sparkSession._jvm  # type: ignore[attr-defined]
-    try:
-        entry = getattr(jvm, ENTRY)
-        jc = entry.parse(value._jc, key._jc, key_spec_json(keys))  # type: ignore[attr-defined]
-    except Exception as exc:  # py4j: the class is not on the session's class path
-        if "ClassNotFound" in str(exc) or "does not exist in the JVM" in str(exc) or "not a callable" in str(exc).lower():
-            raise EnvironmentNotReadyError(f"the envelope parser ({ENTRY}) is not loaded in this Spark session: run `make setup`") from None
-        raise
-    return Column(jc)
+    from py4j.java_gateway import JavaClass
+
+    entry = lines.sparkSession._jvm  # type: ignore[attr-defined]
+    for part in ENTRY.split("."):
+        entry = getattr(entry, part)
+    if not isinstance(entry, JavaClass):  # py4j names a class it cannot find as a package
+        raise EnvironmentNotReadyError(f"the envelope parser ({ENTRY}) is not loaded in this Spark session: run `make setup`")
+    return Column(entry.parse(value._jc, key._jc, key_spec_json(keys)))
 
 
 def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:

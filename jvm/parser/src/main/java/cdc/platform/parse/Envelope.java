@@ -405,10 +405,11 @@ public final class Envelope {
         if (index == null) {
             Matcher m = TRAILING_DIGITS.matcher(file);
             String digits = m.find() ? m.group(1) : "0";
-            if (digits.length() > PyJson.MAX_INT_DIGITS) {
-                throw new Dead("out_of_range", "`source.file` ends in a number of " + digits.length() + " digits");
-            }
-            index = new BigInteger(digits);
+            int count = digits.codePointCount(0, digits.length());
+            if (count > PyJson.MAX_INT_DIGITS) throw new Dead("out_of_range", "`source.file` ends in a number of " + count + " digits");
+            StringBuilder ascii = new StringBuilder(count); // int() reads any script's decimal digits
+            digits.codePoints().forEach(cp -> ascii.append((char) ('0' + Character.digit(cp, 10))));
+            index = new BigInteger(ascii.toString());
             if (binlogIndex.size() >= MEMO_LIMIT) binlogIndex.clear();
             binlogIndex.put(file, index);
         }
