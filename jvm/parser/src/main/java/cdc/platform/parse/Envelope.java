@@ -1,11 +1,8 @@
 package cdc.platform.parse;
 
-import java.math.BigDecimal;
 import java.math.BigInteger;
 import java.nio.charset.StandardCharsets;
-import java.util.AbstractMap;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -14,6 +11,11 @@ import java.util.Set;
 import java.util.TreeSet;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
+
+import static cdc.platform.parse.PyValues.asInt;
+import static cdc.platform.parse.PyValues.asTsMs;
+import static cdc.platform.parse.PyValues.jsonType;
+import static cdc.platform.parse.PyValues.truthy;
 
 /**
  * The envelope parser: one Debezium line (its bytes) to one PARSED row, a port of
@@ -33,7 +35,6 @@ public final class Envelope {
     static final String MESSAGES = "__debezium_messages";
     static final String HEARTBEAT = "heartbeat", SCHEMA_CHANGE = "schema_change";
     private static final String HEARTBEAT_SCHEMA = "io.debezium.connector.common.Heartbeat";
-    private static final String MESSAGE_COLLECTION = "io.debezium.connector.postgresql.LogicalDecodingMessageMonitor$LogicalDecodingMessageId";
     private static final Set<String> KNOWN_OPS = Set.of("c", "u", "d", "r", "t");
     private static final List<String> PROCESSING_TIMES = List.of("ts_ms", "ts_us", "ts_ns");
 
@@ -41,7 +42,6 @@ public final class Envelope {
     private static final Pattern SAFE_NAME = Pattern.compile("^[A-Za-z0-9_][A-Za-z0-9_$\\-]{0,127}$", Pattern.UNIX_LINES);
     private static final Pattern PG_TX_ID = Pattern.compile("^(\\p{Nd}+):(\\p{Nd}+)$", Pattern.UNIX_LINES);
     private static final Pattern TRAILING_DIGITS = Pattern.compile("(\\p{Nd}+)$", Pattern.UNIX_LINES);
-    private static final Pattern INT_TEXT = Pattern.compile("-?[0-9]{1,39}");
 
     private static final Map<String, String> REASONS = Map.ofEntries(
         Map.entry("not_json", "line is not valid JSON ({detail}); fix the producer, the line is kept here verbatim"),
@@ -227,8 +227,8 @@ public final class Envelope {
         if (p.containsKey("op") || p.containsKey("source") || p.containsKey("after") || p.containsKey("before")) {
             return parseChange(p, schema, messageKey);
         }
-        if (p.containsKey("status") && p.containsKey("id")) return parseDebeziumMarker(p);
-        if (p.containsKey("marker")) return parseStripeMarker(p);
+        if (p.containsKey("status") && p.containsKey("id")) return Markers.parseDebeziumMarker(p);
+        if (p.containsKey("marker")) return Markers.parseStripeMarker(p);
         TreeSet<String> names = new TreeSet<>(PyWriter.CODE_POINT_ORDER);
         names.addAll(p.keySet());
         List<String> first = new ArrayList<>(names).subList(0, Math.min(12, names.size()));
@@ -448,188 +448,4 @@ public final class Envelope {
         return m.lookingAt() ? m.group(1) : text;
     }
 
-    // -- markers -------------------------------------------------------------------------------------------
-
-    @SuppressWarnings("unchecked")
-    private ParsedRow parseDebeziumMarker(Map<String, Object> env) throws Dead, PyWriter.TooDeep {
-        Object status = env.get("status");
-        if (!"BEGIN".equals(status) && !"END".equals(status)) {
-            throw new Dead("invalid_marker", "status " + PyWriter.quote(status, 40) + " is not BEGIN or END");
-        }
-        Long count = asInt(env.get("event_count"), "event_count");
-        List<Map.Entry<String, Long>> collections = null;
-        Object raw = env.get("data_collections");
-        if (raw != null) {
-            if (!(raw instanceof List)) throw new Dead("invalid_marker", "data_collections is not a list");
-            List<Map.Entry<String, Long>> counted = new ArrayList<>();
-            for (Object item : (List<Object>) raw) {
-                if (!(item instanceof Map) || !(((Map<String, Object>) item).get("data_collection") instanceof String)) {
-                    throw new Dead("invalid_marker", "data_collections entry lacks `data_collection`");
-                }
-                Map<String, Object> it = (Map<String, Object>) item;
-                Long n = asInt(it.get("event_count"), "data_collections[].event_count");
-                counted.add(new AbstractMap.SimpleImmutableEntry<>((String) it.get("data_collection"), n == null ? 0L : n));
-            }
-            collections = mergeCollections(counted);
-        }
-        if ("END".equals(status) && count == null) throw new Dead("invalid_marker", "END has no event_count; completeness cannot be judged");
-        Object id = env.get("id");
-        Long ts = asTsMs(env.get("ts_ms"), "ts_ms");
-        return markerRow(id, (String) status, count, collections, "debezium", ts);
-    }
-
-    /** {@code control_records.merge_collections}: messages' collection named {@link #MESSAGES}, counts of one name summed. */
-    static List<Map.Entry<String, Long>> mergeCollections(List<Map.Entry<String, Long>> counted) throws Dead {
-        Map<String, BigInteger> merged = new LinkedHashMap<>();
-        for (Map.Entry<String, Long> e : counted) {
-            String key = e.getKey().startsWith(MESSAGE_COLLECTION) ? MESSAGES : e.getKey();
-            merged.merge(key, BigInteger.valueOf(e.getValue()), BigInteger::add);
-        }
-        List<Map.Entry<String, Long>> out = new ArrayList<>();
-        for (Map.Entry<String, BigInteger> e : merged.entrySet()) {
-            if (e.getValue().bitLength() >= 64) {
-                throw new Dead("out_of_range", "`data_collections[].event_count` of " + PyWriter.quote(e.getKey(), 60) + " sums to "
-                        + e.getValue() + ", outside the signed 64-bit range");
-            }
-            out.add(new AbstractMap.SimpleImmutableEntry<>(e.getKey(), e.getValue().longValue()));
-        }
-        return out;
-    }
-
-    @SuppressWarnings("unchecked")
-    private ParsedRow parseStripeMarker(Map<String, Object> env) throws Dead, PyWriter.TooDeep {
-        Object marker = env.get("marker");
-        if (!"BEGIN".equals(marker) && !"COMMIT".equals(marker) && !"END".equals(marker)) {
-            throw new Dead("invalid_marker", "marker " + PyWriter.quote(marker, 40) + " is not BEGIN or COMMIT");
-        }
-        String status = "BEGIN".equals(marker) ? "BEGIN" : "END";
-        Long count = asInt(env.get("total_events"), "total_events");
-        Object raw = env.get("per_source_event_counts");
-        List<Map.Entry<String, Long>> collections = null;
-        if (raw != null) {
-            List<Object[]> items = new ArrayList<>();
-            if (raw instanceof Map) {
-                for (Map.Entry<String, Object> e : ((Map<String, Object>) raw).entrySet()) items.add(new Object[] {e.getKey(), e.getValue()});
-            } else if (raw instanceof List) {
-                for (Object i : (List<Object>) raw) {
-                    if (!(i instanceof Map)) continue;
-                    Map<String, Object> it = (Map<String, Object>) i;
-                    Object source = it.get("source");
-                    Object name = truthy(source) ? source : it.get("data_collection");
-                    Object n = it.containsKey("event_count") ? it.get("event_count") : it.get("count");
-                    items.add(new Object[] {name, n});
-                }
-            } else {
-                throw new Dead("invalid_marker", "per_source_event_counts is not an object");
-            }
-            collections = new ArrayList<>();
-            for (Object[] item : items) {
-                if (!(item[0] instanceof String)) throw new Dead("invalid_marker", "per_source_event_counts has an entry without a source name");
-                Long n = asInt(item[1], "per_source_event_counts");
-                collections.add(new AbstractMap.SimpleImmutableEntry<>((String) item[0], n == null ? 0L : n));
-            }
-        }
-        if (status.equals("END") && count == null) throw new Dead("invalid_marker", "COMMIT has no total_events; completeness cannot be judged");
-        Object rawId = env.containsKey("transaction_id") ? env.get("transaction_id")
-                : env.containsKey("id") ? env.get("id") : env.get("txn_id");
-        Object tsValue = env.containsKey("ts_ms") ? env.get("ts_ms") : env.get("timestamp_ms");
-        Long ts = asTsMs(tsValue, "ts_ms");
-        return markerRow(rawId, status, count, collections, "stripe", ts);
-    }
-
-    private static ParsedRow markerRow(Object rawId, String status, Long count, List<Map.Entry<String, Long>> collections, String shape, Long tsMs)
-            throws Dead, PyWriter.TooDeep {
-        if (rawId == null || (rawId instanceof String && pyStrip((String) rawId).isEmpty())) {
-            throw new Dead("invalid_marker", "has no transaction id (`id`); it cannot be matched to its events");
-        }
-        if (rawId instanceof Map || rawId instanceof List) throw new Dead("invalid_marker", "id is not a string or number");
-        String rawText = PyWriter.str(rawId);
-        String txId = normaliseTransactionId(rawText);
-        ParsedRow row = new ParsedRow("marker");
-        row.markerId = txId + "|" + status;
-        row.markerDate = tsMs == null ? null : (int) Math.floorDiv(tsMs, MS_PER_DAY);
-        row.transactionId = txId;
-        row.transactionRawId = rawText;
-        row.status = status;
-        row.eventCount = count;
-        row.dataCollections = collections;
-        row.markerShape = shape;
-        row.markerTs = tsMs == null ? null : tsMs * 1000;
-        return row;
-    }
-
-    // -- values --------------------------------------------------------------------------------------------
-
-    private static final BigInteger INT64_MIN = BigInteger.valueOf(Long.MIN_VALUE), INT64_MAX = BigInteger.valueOf(Long.MAX_VALUE);
-
-    /** {@code _as_int}: ints and integral numeric strings (some converters stringify int64); the rest is refused. */
-    static Long asInt(Object value, String field) throws Dead {
-        if (value instanceof Long) return (Long) value;
-        if (value == null) return null;
-        if (value instanceof Boolean) throw new Dead("invalid_field", "`" + field + "` is a boolean, expected a number");
-        BigInteger number;
-        if (value instanceof BigInteger) {
-            number = (BigInteger) value;
-        } else if (value instanceof Double && Math.rint((Double) value) == (Double) value) {
-            number = new BigDecimal((Double) value).toBigInteger();
-        } else if (value instanceof String && INT_TEXT.matcher(pyStrip((String) value)).matches()) {
-            number = new BigInteger(pyStrip((String) value));
-        } else {
-            throw new Dead("invalid_field", "`" + field + "` is " + PyWriter.quote(value, 60) + ", expected an integer");
-        }
-        if (number.compareTo(INT64_MIN) < 0 || number.compareTo(INT64_MAX) > 0) {
-            String s = number.toString();
-            throw new Dead("out_of_range", "`" + field + "` is " + (s.length() > 40 ? s.substring(0, 40) : s) + ", outside the signed 64-bit range");
-        }
-        return number.longValue();
-    }
-
-    /** {@code _as_ts_ms}: epoch milliseconds that a date and a microsecond timestamp can hold. */
-    static Long asTsMs(Object value, String field) throws Dead {
-        if (value instanceof Long && (Long) value >= MIN_TS_MS && (Long) value <= MAX_TS_MS) return (Long) value;
-        Long ms = asInt(value, field);
-        if (ms != null && (ms < MIN_TS_MS || ms > MAX_TS_MS)) {
-            throw new Dead("out_of_range", "`" + field + "` is " + ms + ", not epoch milliseconds between the years 1 and 9999");
-        }
-        return ms;
-    }
-
-    /** Python's truth value of a JSON value. */
-    @SuppressWarnings("unchecked")
-    static boolean truthy(Object v) {
-        if (v == null) return false;
-        if (v instanceof Boolean) return (Boolean) v;
-        if (v instanceof Long) return (Long) v != 0;
-        if (v instanceof Double) return (Double) v != 0.0;
-        if (v instanceof String) return !((String) v).isEmpty();
-        if (v instanceof Map) return !((Map<String, Object>) v).isEmpty();
-        if (v instanceof List) return !((List<Object>) v).isEmpty();
-        return true; // a BigInteger beyond 64 bits, a PyDecimal: never zero
-    }
-
-    /** {@code _json_type}: how a reason names a value's JSON type (a dict and None are both "null" there). */
-    static String jsonType(Object v) {
-        if (v instanceof List) return "array";
-        if (v instanceof String) return "string";
-        if (v instanceof Boolean) return "boolean";
-        if (v instanceof Long || v instanceof BigInteger || v instanceof Double || v instanceof PyDecimal) return "number";
-        return "null";
-    }
-
-    /** Python's {@code str.strip()}: Unicode whitespace off both ends. */
-    static String pyStrip(String s) {
-        int i = 0, j = s.length();
-        while (i < j && pySpace(s.charAt(i))) i++;
-        while (j > i && pySpace(s.charAt(j - 1))) j--;
-        return s.substring(i, j);
-    }
-
-    static boolean pySpace(char c) {
-        return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f) || c == 0x85 || c == 0xa0 || c == 0x1680
-                || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-    }
-
-    static List<String> list(String... s) {
-        return Arrays.asList(s);
-    }
 }
