@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The JVM jars Spark loads beside pyspark's (jvm/pom.xml), resolved by mvn; the manifest is the stamp.
 JARS_STAMP := jvm/jars/manifest.json
+# The envelope parser (jvm/parser/), compiled by mvn; its manifest is the stamp. Its sources' folders are
+# prerequisites too, so that a deleted source rebuilds it; the script rebuilds only when their bytes changed.
+PARSER_STAMP := jvm/parser/jars/manifest.json
+PARSER_SOURCES := $(shell find jvm/parser/src)
 # Hadoop's S3A jars (jvm/object-store/pom.xml), for a lake on an object store; apart because of their size.
 OBJECT_STORE_STAMP := jvm/object-store/jars/manifest.json
 
@@ -25,7 +29,11 @@ $(JARS_STAMP): jvm/pom.xml scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py
 	@touch $@
 
-setup: check-java $(STAMP) $(JARS_STAMP)
+$(PARSER_STAMP): jvm/parser/pom.xml $(PARSER_SOURCES) scripts/resolve_jars.py $(STAMP)
+	@$(BIN)/python scripts/resolve_jars.py --parser
+	@touch $@
+
+setup: check-java $(STAMP) $(JARS_STAMP) $(PARSER_STAMP)
 
 $(OBJECT_STORE_STAMP): jvm/object-store/pom.xml scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py --object-store

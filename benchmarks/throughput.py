@@ -15,7 +15,7 @@ half the parse-and-write reference's speed, and ahead of the naive peer.
 
     .venv/bin/python benchmarks/throughput.py                  # >= 1M change events (~2.5M lines)
     .venv/bin/python benchmarks/throughput.py --events 100000  # quick look
-    .venv/bin/python benchmarks/throughput.py --parse-only     # the parser alone, one core, profiled
+    .venv/bin/python benchmarks/throughput.py --parse-only     # the parsers alone: Python (one core, profiled), then JVM and Python in Spark
 """
 
 from __future__ import annotations
@@ -283,8 +283,14 @@ def chart(rows: list[dict[str, Any]], run_started: float, run_started_wall: floa
     plt.close(fig)
 
 
-def parse_only(w: Any, limit_lines: int) -> None:
-    """The parser alone, on this core: what parsing costs before Spark moves any byte."""
+def parse_only(w: Any, limit_lines: int, conf: dict[str, str]) -> None:
+    """The parsers alone: the Python one on this core (profiled), then the JVM one as a Spark job over the same lines.
+
+    The Spark jobs write the parsed rows to the `noop` sink, so they time reading the lines and parsing them,
+    nothing after: first the lines read and dropped (the floor), then each parser (`spark.cdc.parser`), in one
+    task (one core, beside the Python parser's figure) and in the session's tasks (both cores). Each runs once
+    to warm up, then is timed.
+    """
     import cProfile
     import pstats
 
@@ -310,16 +316,60 @@ def parse_only(w: Any, limit_lines: int) -> None:
         for i in range(0, len(lines), 10_000)
     ]
     banner(f"parser alone: {len(lines):,} lines")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = sum(b.num_rows for b in parse_arrow_batches(iter(batches), keys))
-    seconds = time.perf_counter() - t0
-    say(f"parse_arrow_batches: {out:,} lines in {seconds:.2f} s = {out / seconds:,.0f} lines/s on one core  [{load_average()}]")
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    python_rate, cpu_rate = out / seconds, out / cpu_seconds
+    say(f"Python parser (parse_arrow_batches): {out:,} lines in {seconds:.2f} s = {python_rate:,.0f} lines/s on one core, "
+        f"{cpu_rate:,.0f} lines per CPU second  [{load_average()}]")
     profile = cProfile.Profile()
     profile.enable()
     for _ in parse_arrow_batches(iter(batches[:10]), keys):
         pass
     profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    parse_in_spark(lines, keys, conf, python_rate, cpu_rate)
+
+
+def parse_in_spark(lines: list[str], keys: Any, conf: dict[str, str], python_rate: float, cpu_rate: float) -> None:
+    """`parse_spark.parse_lines` as a Spark job over `lines` (written to text files first), to the noop sink."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform.parse import parse_spark
+    from cdc_platform.spark.session import get_spark
+
+    spark = get_spark(conf=conf)
+    folder = OUT / "parse_only"
+    fresh_dir(folder)
+    per_file = 10_000
+    for i in range(0, len(lines), per_file):
+        (folder / f"lines-{i // per_file:05d}.jsonl").write_text("\n".join(lines[i : i + per_file]) + "\n", encoding="utf-8")
+    read = spark.read.format("text").load(str(folder)).select("value", F.col("_metadata.file_path").alias("source_file"))
+    tasks = read.rdd.getNumPartitions()
+
+    def timed(frame: Any) -> tuple[float, float, str]:
+        """Wall seconds, CPU seconds of Spark's tasks and Python workers (the parsing; not the JIT's or the driver's),
+        and the whole CPU line, of the second of two runs."""
+        frame.write.format("noop").mode("overwrite").save()  # warm-up: class loading, code generation, the JIT
+        cpu = CpuByRole(jvm_threads=True).start()
+        t = time.perf_counter()
+        frame.write.format("noop").mode("overwrite").save()
+        wall = time.perf_counter() - t
+        roles = cpu.stop()
+        return wall, roles.get("jvm: tasks", 0.0) + roles.get("python workers", 0.0), cpu_line(roles, wall)
+
+    n = len(lines)
+    floor = {"one task": timed(read.coalesce(1)), f"{tasks} tasks": timed(read)}
+    banner(f"parsers as a Spark job: {n:,} lines, to the noop sink (the lines read and dropped: "
+           + ", ".join(f"{k} {wall:.2f} s, tasks' CPU {cpu:.2f} s" for k, (wall, cpu, _) in floor.items()) + ")")
+    for parser in parse_spark.PARSERS:
+        for label, frame in (("one task", read.coalesce(1)), (f"{tasks} tasks", read)):
+            wall, cpu, line = timed(parse_spark.parse_lines(frame, keys, parser))
+            parse_cpu = max(cpu - floor[label][1], 1e-9)
+            say(f"{parser:>6} parser, {label:>8}: {wall:6.2f} s = {n / wall:>9,.0f} lines/s; tasks' CPU {cpu:6.2f} s, less the read's: "
+                f"{n / parse_cpu:>9,.0f} lines per CPU second  [{load_average()}]")
+            say(f"    {line}")
+    say(f"(the Python parser alone on one core above: {python_rate:,.0f} lines/s, {cpu_rate:,.0f} lines per CPU second)")
 
 
 def main() -> int:
@@ -332,7 +382,8 @@ def main() -> int:
     parser.add_argument("--skip-limit", action="store_true", help="measure the pipeline only")
     parser.add_argument("--naive-peer", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the naive peer: foreachBatch + a delta-spark MERGE per table (default on)")
-    parser.add_argument("--parse-only", action="store_true", help="time and profile the parser alone, no Spark")
+    parser.add_argument("--parse-only", action="store_true",
+                        help="time the parsers alone: the Python one (profiled, no Spark), then both as a Spark job to the noop sink")
     parser.add_argument("--parse-lines", type=int, default=200_000, help="lines for --parse-only")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session, on top of the platform's (repeatable): a variant to compare")
@@ -348,7 +399,7 @@ def main() -> int:
         f"{f['malformed_lines']:,} malformed) in {f['files']:,} files, {f['bytes'] / 2**20:,.0f} MiB; {w.landing}"
     )
     if args.parse_only:
-        parse_only(w, args.parse_lines)
+        parse_only(w, args.parse_lines, conf)
         return 0
 
     from cdc_platform.config import load_config, with_overrides

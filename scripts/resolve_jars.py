@@ -1,4 +1,5 @@
-"""Resolve the platform's JVM artifacts (jvm/pom.xml) with Maven into jvm/jars/, for `make setup`.
+"""Resolve the platform's JVM artifacts (jvm/pom.xml) with Maven into jvm/jars/, and build the envelope parser
+(jvm/parser/) into jvm/parser/jars/, for `make setup`.
 
 Spark loads these jars through `spark.jars` (cdc_platform/session.py), so nothing is resolved when a
 session starts and a run needs no network. This script is the only place that talks to Maven:
@@ -9,6 +10,10 @@ session starts and a run needs no network. This script is the only place that ta
   jvm/resolve.log), and the previous jar folder, if any, is left as it was.
 * A resolved jar that pyspark already ships (same artifact name, or a class of the same name) stops it
   too: two copies of a class at different versions fail at run time, far from the cause.
+
+`--parser` compiles jvm/parser/ (the envelope parser Spark runs, cdc_platform/parse/parse_spark.py) with
+Maven into one jar: again a no-op while its manifest records the same pom, sources and pyspark; a compile
+error stops it with the first error line (the whole output in jvm/parser/build.log).
 
 Run with the project's venv (it reads pyspark's jar folder and the delta-spark version from it).
 """
@@ -27,13 +32,16 @@ from importlib import metadata
 from pathlib import Path
 from xml.etree import ElementTree
 
-from cdc_platform.spark.session import JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR
+from cdc_platform.spark.session import JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR, PARSER_JARS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 POM = REPO / "jvm" / "pom.xml"
 #: Hadoop's S3A filesystem, resolved apart (`--object-store`, `make setup-object-store`): see its pom.
 OBJECT_STORE_POM = REPO / "jvm" / "object-store" / "pom.xml"
 LOG_NAME = "resolve.log"  # beside the pom: Maven's whole output of the last resolution
+#: The envelope parser's module, built (not only resolved) by `--parser`.
+PARSER_POM = REPO / "jvm" / "parser" / "pom.xml"
+PARSER_LOG_NAME = "build.log"
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 # Every Spark module carries this placeholder class; it is no conflict.
 SHARED_CLASS_PREFIXES = ("org/apache/spark/unused/",)
@@ -210,10 +218,93 @@ def resolve(pom: Path, jars_dir: Path, wanted: dict[str, str], pyspark_jars: Pat
     return jars
 
 
+def parser_fingerprint(pom: Path, pyspark_version: str) -> dict[str, str]:
+    """What the built parser jar depends on: its pom and every file under src/ (names and bytes), and pyspark."""
+    digest = hashlib.sha256(pom.read_bytes())
+    for path in sorted(p for p in (pom.parent / "src").rglob("*") if p.is_file()):
+        digest.update(b"\0" + str(path.relative_to(pom.parent)).encode("utf-8") + b"\0" + path.read_bytes())
+    return {"sources_sha256": digest.hexdigest(), "pyspark": pyspark_version}
+
+
+def compile_error_line(output: str) -> str | None:
+    """The first compiler message of a failed build (`[ERROR] /path/File.java:[line,col] message`), shortened."""
+    for line in output.splitlines():
+        m = re.match(r"\[ERROR\] (\S+\.java):\[(\d+),\d+\] (.+)", line)
+        if m:
+            return f"{shown(Path(m.group(1)))}:{m.group(2)}: {m.group(3).strip()}"
+    return None
+
+
+def build_parser(pom: Path, jars_dir: Path, wanted: dict[str, str]) -> list[dict[str, str]]:
+    """`mvn package` of jvm/parser/, its jar copied into `jars_dir` with a manifest (swapped in whole, as `resolve`)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError(f"no `mvn` found, needed to build the envelope parser in {shown(pom.parent)}: {MVN_HELP}")
+    cmd = [mvn, "-B", "-f", str(pom), "-DskipTests", "package"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    log = pom.parent / PARSER_LOG_NAME
+    log.write_text(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}", encoding="utf-8")
+    if out.returncode != 0:
+        text = out.stdout + out.stderr
+        compile_error = compile_error_line(text)
+        what = f"compiling {shown(pom.parent)} failed: {compile_error}" if compile_error else refusal_line(text)
+        raise SetupError(f"{what}; full output in {shown(log)}")
+    props = pom_properties(pom)
+    root = ElementTree.parse(pom).getroot()
+    artifact = root.findtext("m:artifactId", namespaces=POM_NS)
+    version = root.findtext("m:version", namespaces=POM_NS)
+    group = root.findtext("m:groupId", namespaces=POM_NS)
+    built = pom.parent / "target" / f"{artifact}-{version}.jar"
+    if not built.is_file():
+        raise SetupError(f"mvn reported success but built no {shown(built)}; see {shown(log)}")
+    staging = jars_dir.parent / (jars_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copyfile(built, staging / built.name)
+    jars = [{"coordinates": f"{group}:{artifact}:{version}", "file": built.name}]
+    (staging / JARS_MANIFEST).write_text(json.dumps({**wanted, "spark_binary": props.get("spark.binary.version"), "jars": jars}, indent=2) + "\n",
+                                         encoding="utf-8")
+    old = jars_dir.parent / (jars_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if jars_dir.exists():
+        jars_dir.rename(old)
+    staging.rename(jars_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return jars
+
+
+def check_parser_spark(props: dict[str, str], pyspark_version: str) -> None:
+    spark_binary = ".".join(pyspark_version.split(".")[:2])
+    if props.get("spark.binary.version") != spark_binary:
+        raise SetupError(f"jvm/parser/pom.xml compiles against Spark {props.get('spark.binary.version')} but pyspark is {pyspark_version}: "
+                         f"set spark.binary.version and spark.compile.version there to a served {spark_binary}.x")
+
+
+def main_parser() -> int:
+    import pyspark
+
+    try:
+        check_parser_spark(pom_properties(PARSER_POM), pyspark.__version__)
+        wanted = parser_fingerprint(PARSER_POM, pyspark.__version__)
+        if up_to_date(PARSER_JARS_DIR, wanted):
+            return 0
+        start = time.monotonic()
+        print(f"building {shown(PARSER_POM.parent)} with mvn into {shown(PARSER_JARS_DIR)}/ ...", file=sys.stderr)
+        jars = build_parser(PARSER_POM, PARSER_JARS_DIR, wanted)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{jars[0]['file']} in {shown(PARSER_JARS_DIR)}/ ({time.monotonic() - start:.0f} s)", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import pyspark
 
-    object_store = "--object-store" in (sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if "--parser" in args:
+        return main_parser()
+    object_store = "--object-store" in args
     pom, jars_dir = (OBJECT_STORE_POM, OBJECT_STORE_JARS_DIR) if object_store else (POM, JARS_DIR)
     pyspark_jars = Path(pyspark.__file__).parent / "jars"
     try:

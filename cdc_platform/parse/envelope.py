@@ -55,6 +55,7 @@ PG_TX_ID_RE = re.compile(r"^(\d+):(\d+)$")
 _TRAILING_DIGITS_RE = re.compile(r"(\d+)$")
 _SNAPSHOT_FALSE = {None, False, "false", "False", ""}
 _INT_TEXT_RE = re.compile(r"-?[0-9]{1,39}")  # an integer some converter wrote as a string
+_MAX_INT_DIGITS = 4300  # Python's int() refuses longer digit strings (sys.int_info.default_max_str_digits)
 
 #: Dead-letter reason codes with the sentence an operator reads. `{}` fields are filled per line.
 REASONS: dict[str, str] = {
@@ -210,7 +211,10 @@ def _binlog_index(file: str) -> int:
     index = _BINLOG_INDEX.get(file)
     if index is None:
         m = _TRAILING_DIGITS_RE.search(file)
-        index = int(m.group(1)) if m else 0
+        digits = m.group(1) if m else "0"
+        if len(digits) > _MAX_INT_DIGITS:  # int() would refuse it with a ValueError that fails the whole batch
+            raise _Dead("out_of_range", f"`source.file` ends in a number of {len(digits)} digits")
+        index = int(digits)
         if len(_BINLOG_INDEX) >= _MEMO_LIMIT:
             _BINLOG_INDEX.clear()
         _BINLOG_INDEX[file] = index
@@ -244,10 +248,11 @@ def _unwrap(obj: Any) -> tuple[Any, Any]:
 
 def _row_schema(schema: Any) -> str | None:
     """The Connect schema of the `after` (else `before`) field, kept so later stages can type exactly."""
-    if not isinstance(schema, dict):
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    if not isinstance(fields, list):  # a number here failed the whole batch ("not iterable")
         return None
     for wanted in ("after", "before"):
-        for fld in schema.get("fields") or ():
+        for fld in fields:
             if isinstance(fld, dict) and fld.get("field") == wanted:
                 return canonical_json(fld)
     return None
@@ -517,6 +522,9 @@ def _parse_debezium_marker(env: dict[str, Any], line: str, source_file: str | No
             n = _as_int(item.get("event_count"), "data_collections[].event_count")
             collections.append((item["data_collection"], n if n is not None else 0))
         collections = control_records.merge_collections(collections)
+        for name, total in collections:  # each count fits; their sum may not, and Arrow would fail the batch on it
+            if not INT64_MIN <= total <= INT64_MAX:
+                raise _Dead("out_of_range", f"`data_collections[].event_count` of {quote_value(name)[:60]} sums to {total}, outside the signed 64-bit range")
     if status == "END" and count is None:
         raise _Dead("invalid_marker", "END has no event_count; completeness cannot be judged")
     return _marker_row(env.get("id"), status, count, collections, "debezium", _as_ts_ms(env.get("ts_ms"), "ts_ms"), line, source_file)

@@ -1,11 +1,12 @@
 """The envelope parser on Spark's executors, and the split of a parsed micro-batch by destination.
 
-Parsing runs where the lines are: `parse_lines` hands each partition's (value, source_file) lines to
-`parsed_batches.parse_arrow_batches` in an Arrow-based Python function on the executors (`mapInArrow`), the
-same code the tests run on the bad-input corpus and the peer data, so the rows, reason codes,
-positions and identities are the parser's, byte for byte. Spark's JSON functions cannot do it: the
+Parsing runs where the lines are: `parse_lines` parses each line in the JVM (`jvm_parse`: the Java port of
+`envelope` that jvm/parser/ holds, a Spark function of each line's bytes), giving the rows, reason codes,
+positions and identities of the Python parser, byte for byte. Spark's JSON functions cannot do it: the
 envelope's identity hashes canonical JSON, numbers must keep every digit, and a line's kind (change,
-marker, tombstone, dead letter) decides its columns.
+marker, tombstone, dead letter) decides its columns. With the session's `spark.cdc.parser` set to
+`python` it runs the Python parser itself instead (`parsed_batches.parse_arrow_batches` in an Arrow-based
+Python function, `mapInArrow`): the reference, several times slower.
 
 `split` turns the parsed rows into the DataFrames the raw log, the markers and the dead letters take,
 deduplicated within the batch by identity (the first in input order wins, as before the move), and
@@ -30,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from cdc_platform.errors import ConfigError
 from cdc_platform.lake import schemas
+from cdc_platform.parse import jvm_parse
 from cdc_platform.parse.envelope import KeySpec
 from cdc_platform.lake.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.lake.lake_spark import spark_schema
@@ -43,6 +46,9 @@ if TYPE_CHECKING:
 
 #: The input order of a parsed row within its batch (`monotonically_increasing_id`: partition, row).
 SEQ = "_seq"
+#: The Spark setting that picks the parser: `jvm` (the default) or `python` (the reference, `envelope`).
+PARSER_CONF = "spark.cdc.parser"
+PARSERS = ("jvm", "python")
 
 
 def _parse_partition(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterator[pa.RecordBatch]:
@@ -50,15 +56,23 @@ def _parse_partition(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterat
     yield from parse_arrow_batches(batches, keys)
 
 
-def parse_lines(lines: DataFrame, keys: KeySpec) -> DataFrame:
+def parse_lines(lines: DataFrame, keys: KeySpec, parser: str | None = None) -> DataFrame:
     """Lines in `sources.py`'s column contract -> `PARSED` rows plus their input order (`SEQ`), parsed on the executors.
 
-    The order is taken after parsing: the function emits one row per line in the order it reads
-    them and keeps the partitioning, so (partition, row) is the lines' order.
+    `parser` is `jvm` or `python`; None reads the session's `spark.cdc.parser` (default `jvm`). The order
+    is taken after parsing: either parser emits one row per line in the order it reads them and keeps
+    the partitioning, so (partition, row) is the lines' order.
     """
     from pyspark.sql import functions as F
 
-    parsed = lines.select(*input_columns(lines.columns)).mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
+    chosen = parser or lines.sparkSession.conf.get(PARSER_CONF, "jvm")
+    if chosen not in PARSERS:
+        raise ConfigError(f"{PARSER_CONF} is {chosen!r}; it must be one of {', '.join(PARSERS)}")
+    lines = lines.select(*input_columns(lines.columns))
+    if chosen == "jvm":
+        parsed = jvm_parse.parse_rows(lines, keys)
+    else:
+        parsed = lines.mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
     return parsed.withColumn(SEQ, F.monotonically_increasing_id())
 
 

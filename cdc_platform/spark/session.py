@@ -5,8 +5,9 @@ One session per process. Spark's first start costs about five seconds here, so t
 (one session-scoped fixture) and Dagster resources all reuse `get_spark()`.
 
 Besides the jars pyspark ships, the session loads the platform's own (delta-spark, Spark's Kafka
-source; named in jvm/pom.xml) from the folder `make setup` fills, through `spark.jars`: never
-`spark.jars.packages`, so starting a session resolves nothing and needs no network.
+source; named in jvm/pom.xml; and the envelope parser built from jvm/parser/) from the folders `make
+setup` fills, through `spark.jars`: never `spark.jars.packages`, so starting a session resolves nothing
+and needs no network.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ JARS_MANIFEST = "manifest.json"
 #: Hadoop's S3A filesystem and the AWS SDK it needs (jvm/object-store/pom.xml, `make setup-object-store`):
 #: loaded only by a session that asks for them, a lake on an object store (storage.py says why).
 OBJECT_STORE_JARS_DIR = JARS_DIR.parents[1] / "jvm" / "object-store" / "jars"
+#: The envelope parser Spark runs (jvm/parser/, built by `make setup`: cdc_platform/parse/parse_spark.py):
+#: loaded by every session, and shipped with the others to a cluster's executors by `spark.jars`.
+PARSER_JARS_DIR = JARS_DIR.parents[1] / "jvm" / "parser" / "jars"
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -109,6 +113,11 @@ def platform_jars(jars_dir: Path | None = None, setup: str = "make setup") -> li
     if missing or not jars:
         raise EnvironmentNotReadyError(f"{folder} lacks {', '.join(missing) or 'every jar'} listed in its {JARS_MANIFEST}: run `{setup}`")
     return jars
+
+
+def session_jars(object_store: bool = False) -> list[Path]:
+    """Every jar a session loads: the resolved ones, the envelope parser's, and with `object_store` Hadoop's S3A."""
+    return platform_jars() + platform_jars(PARSER_JARS_DIR) + (platform_jars(OBJECT_STORE_JARS_DIR, "make setup-object-store") if object_store else [])
 
 
 _SESSION: SparkSession | None = None
@@ -194,7 +203,7 @@ def get_spark(
             require_object_store("the lake")
         return _SESSION
     require_java()
-    jars = platform_jars() + (platform_jars(OBJECT_STORE_JARS_DIR, "make setup-object-store") if object_store else [])
+    jars = session_jars(object_store)
     # Executors must run this interpreter (the venv's), not whatever `python3` is first on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 
 from cdc_platform.errors import EnvironmentNotReadyError
-from cdc_platform.spark.session import DELTA_CONF, JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR, platform_jars
+from cdc_platform.spark.session import DELTA_CONF, JARS_DIR, JARS_MANIFEST, OBJECT_STORE_JARS_DIR, PARSER_JARS_DIR, platform_jars, session_jars
 
 
 def test_session_loads_the_manifest_jars_and_enables_delta(spark: Any) -> None:
     conf = spark.sparkContext.getConf()
     loaded = conf.get("spark.jars").split(",")
-    # The suite's session also loads Hadoop's S3A jars, after the platform's (a lake on an object store)
-    assert loaded == [str(jar) for jar in platform_jars() + platform_jars(OBJECT_STORE_JARS_DIR)]
+    # The suite's session also loads Hadoop's S3A jars, after the platform's and the envelope parser's (a lake on an object store)
+    assert loaded == [str(jar) for jar in session_jars(object_store=True)]
+    assert loaded == [str(jar) for jar in platform_jars() + platform_jars(PARSER_JARS_DIR) + platform_jars(OBJECT_STORE_JARS_DIR)]
+    assert any(Path(jar).name.startswith("cdc-platform-parser-") for jar in loaded)
     assert {Path(jar).name.rsplit("-", 1)[0] for jar in loaded} >= {
         "delta-spark_4.1_2.13", "delta-storage", "spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
         "kafka-clients", "commons-pool2"}

@@ -4,6 +4,7 @@ pyspark-overlap check read what Maven and pyspark really write. (Resolution itse
 from __future__ import annotations
 
 import importlib.util
+import json
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -87,3 +88,46 @@ def test_the_object_store_pom_must_name_the_hadoop_of_pyspark(rj: ModuleType, tm
         rj.check_hadoop({**props, "hadoop.version": "3.3.6"}, shipped)
     with pytest.raises(rj.SetupError, match="ships no hadoop-client-api jar"):
         rj.check_hadoop(props, tmp_path)
+
+
+def test_the_parser_rebuilds_only_when_its_pom_or_sources_change(rj: ModuleType, tmp_path: Path) -> None:
+    """`make setup` runs `--parser` whenever make thinks a source is newer; the fingerprint decides whether mvn runs."""
+    pom = tmp_path / "pom.xml"
+    pom.write_text("<project/>")
+    source = tmp_path / "src" / "main" / "java" / "A.java"
+    source.parent.mkdir(parents=True)
+    source.write_text("class A {}")
+    first = rj.parser_fingerprint(pom, "4.1.4")
+    assert rj.parser_fingerprint(pom, "4.1.4") == first
+    source.touch()  # a newer time, the same bytes: no rebuild
+    assert rj.parser_fingerprint(pom, "4.1.4") == first
+    source.write_text("class A { }")
+    changed = rj.parser_fingerprint(pom, "4.1.4")
+    assert changed != first
+    (source.parent / "B.java").write_text("class B {}")
+    assert rj.parser_fingerprint(pom, "4.1.4") != changed
+    assert rj.parser_fingerprint(pom, "4.1.5")["pyspark"] == "4.1.5"
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "p.jar").write_bytes(b"")
+    (jars / "manifest.json").write_text(json.dumps({**first, "jars": [{"coordinates": "g:p:1", "file": "p.jar"}]}))
+    assert rj.up_to_date(jars, first) and not rj.up_to_date(jars, changed)
+
+
+def test_a_compile_error_is_one_line_naming_the_file(rj: ModuleType) -> None:
+    output = f"""[INFO] Compiling 12 source files with javac [debug release 17] to target/classes
+[ERROR] COMPILATION ERROR :
+[ERROR] {REPO}/jvm/parser/src/main/java/cdc/platform/parse/Envelope.java:[42,9] cannot find symbol
+  symbol:   variable nope
+[ERROR] Failed to execute goal org.apache.maven.plugins:maven-compiler-plugin:3.13.0:compile (default-compile)
+"""
+    assert rj.compile_error_line(output) == "jvm/parser/src/main/java/cdc/platform/parse/Envelope.java:42: cannot find symbol"
+    assert rj.compile_error_line("[ERROR] something else\n") is None
+
+
+def test_the_parser_pom_is_for_pyspark_s_spark(rj: ModuleType) -> None:
+    import pyspark
+
+    rj.check_parser_spark(rj.pom_properties(rj.PARSER_POM), pyspark.__version__)
+    with pytest.raises(rj.SetupError, match=r"compiles against Spark 4\.1 but pyspark is 4\.2\.0"):
+        rj.check_parser_spark({"spark.binary.version": "4.1"}, "4.2.0")
