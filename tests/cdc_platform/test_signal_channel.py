@@ -22,13 +22,13 @@ def _config(tmp_path: Path, repair: Any, **extra: Any) -> Any:
 
 
 def test_repair_settings_load_with_their_defaults(tmp_path: Path) -> None:
-    plain = load_config(_config(tmp_path, None).source_file)
+    plain = _config(tmp_path, None)
     assert plain.repair == RepairConfig() and plain.repair.channel is None and plain.repair.describe() == "no signal channel"
     table = _config(tmp_path, {"signal_table": "public.debezium_signal", "max_keys": 50, "auto": True, "wait": 30}).repair
     assert (table.channel, table.signal_table, table.max_keys, table.auto, table.wait) == ("source", "public.debezium_signal", 50, True, 30.0)
     assert (table.max_repairs_per_hour, table.keys_per_signal, table.max_signal_chars, table.remove_absent) == (4, 1_000, 60_000, False)
     kafka = _config(tmp_path, {"signal_topic": "pg-signals", "topic_prefix": "pg"},
-                    source={"kind": "kafka", "bootstrap_servers": "b1:9092,b2:9092", "topics": ["pg.public.t"]})
+                    source={"kind": "kafka", "bootstrap_servers": "b1:9092,b2:9092", "topics": ["pg.public.t"]}).repair
     assert (kafka.channel, kafka.bootstrap_servers, kafka.topic_prefix) == ("kafka", "b1:9092,b2:9092", "pg")
     assert kafka.describe() == "Kafka topic pg-signals at b1:9092,b2:9092 (key pg)"
 
