@@ -287,3 +287,28 @@ def column_types(conn: SourceConnection, source_table: str) -> dict[str, str]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SourceConnectionError(f"cannot read the columns of {source_table} from {conn.describe()}: {first}; "
                                     "check source_connection in the config and the credentials in its environment variables") from e
+
+
+def current_position(conn: SourceConnection) -> str:
+    """The source's log position now, in the lake's position format: every change committed from now on, and every
+    row an incremental snapshot emits from now on, is placed at or above it (PostgreSQL: `pg_current_wal_lsn()`;
+    MariaDB/MySQL: the end of the binary log, `SHOW MASTER STATUS`)."""
+    try:
+        with connect(conn) as c, c.cursor() as cur:
+            if conn.kind == "postgresql":
+                cur.execute("SELECT pg_current_wal_lsn()::text")
+                (lsn,) = cur.fetchone()
+                c.rollback()
+                return pg_lsn_position(lsn)
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+            c.rollback()
+    except SourceConnectionError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SourceConnectionError(f"cannot read the log position of {conn.describe()}: {first}; check source_connection in the config") from e
+    if not row:
+        raise SourceConnectionError("the source has no binary log (log_bin is off), so its rows cannot be placed against the lake's "
+                                    "binlog positions; Debezium needs log_bin=ON and binlog_format=ROW anyway")
+    return binlog_position(row[0], int(row[1]))

@@ -189,25 +189,29 @@ ACC = "rp_acc"
 
 
 class Workload:
-    """Updates every repaired key but the in-flight one, deletes two of them, inserts new rows; until stopped."""
+    """Updates every repaired key but the in-flight one, inserts new rows, and once the repair's signal is in the
+    signalling table deletes two of the keys being repaired; until stopped."""
 
     def __init__(self, source: Source) -> None:
-        self.source, self.stop, self.error, self.done = source, threading.Event(), None, 0
+        self.source, self.stop, self.error, self.done, self.deleted_after_signal = source, threading.Event(), None, 0, 0
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         keys = [k for k in LOST + BEHIND if k != IN_FLIGHT and k not in DELETED]
         try:
-            n = 0
+            n, signalled = 0, None
             while not self.stop.is_set():
                 n += 1
                 statements = [(f"update {ACC} set balance = balance + 1, name = %s where tenant = %s and id = %s", (f"w{n}", *keys[n % len(keys)])),
                               (f"insert into {ACC} values (%s, %s, %s, %s)", ("new", n, f"new {n}", Decimal(n)))]
-                if n in (3, 6):
-                    statements.append((f"delete from {ACC} where tenant = %s and id = %s", DELETED[n // 3 - 1]))
+                if signalled is None and self.source.rows(f"select count(*) from {SIGNAL} where type = 'execute-snapshot'")[0][0]:
+                    signalled = n
+                if signalled is not None and n - signalled in (0, 4):
+                    statements.append((f"delete from {ACC} where tenant = %s and id = %s", DELETED[(n - signalled) // 4]))
+                    self.deleted_after_signal += 1
                 self.source.run(statements)
                 self.done = n
-                time.sleep(0.3)
+                time.sleep(0.5)  # what a stream on a loaded 2-core machine keeps up with (test_faults)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
@@ -285,14 +289,17 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
             code = cli.main(["repair", "--config", str(cfg.source_file), "--table", ACC])
             out = capsys.readouterr().out
             committer.join(timeout=60)
-            assert code == 0 and out.startswith(f"{ACC}: repaired: 8 of 8 re-read key(s) landed"), out
+            # The repair reads coverage itself, while the workload writes: a new row the stream has not landed yet may be
+            # asked for beside the 8 (re-reading it is harmless); every key asked for landed.
+            asked = int(out.split(": repaired: ")[1].split()[0]) if ": repaired: " in out else 0
+            assert code == 0 and asked >= 8 and out.startswith(f"{ACC}: repaired: {asked} of {asked} re-read key(s) landed"), out
         finally:
             workload.stop.set()
             if workload.thread.is_alive():
                 workload.thread.join(timeout=30)
             try:
                 assert workload.error is None, workload.error
-                assert workload.done >= 6, "the workload ran through the repair"
+                assert workload.deleted_after_signal == 2, "the workload deleted repaired keys while they were re-read"
                 wait_until("the lake caught up with the workload", lambda: _lake_acc(query, cfg) == _acc_rows(source), stream)
             finally:
                 stream.stop()
@@ -313,7 +320,7 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
         reread = [e for e in flight if e["op"] == "r" and e["kafka_offset"] > min(x["kafka_offset"] for x in flight)]
         assert reread and flight[-1]["op"] == "u" and reread[-1]["position"] < flight[-1]["position"], flight
         (recorded,) = repair_log.repairs(cfg.lake, ACC)
-        assert (recorded["outcome"], recorded["keys_asked"], recorded["keys_landed"]) == ("repaired", 8, 8)
+        assert (recorded["outcome"], recorded["keys_asked"], recorded["keys_landed"]) == ("repaired", asked, asked)
 
         # Without a channel the repair names the keys and the backfill; a channel that cannot be used is an error.
         spark.sql(f"DELETE FROM delta.`{cfg.lake / ACC}` WHERE tenant = 'plain' and id = 3")
