@@ -6,7 +6,8 @@ platform through Debezium's incremental snapshots, while the stream runs and a w
   later updates arrive with TOAST placeholders; coverage finds it, Dagster's `source_repair` brings every row
   back with its full values.
 * PostgreSQL and MariaDB: the lake loses rows on purpose, the source changes rows behind the stream's back;
-  `cdc repair` re-reads them while a workload updates and deletes the very keys being repaired, and while a
+  `cdc repair` re-reads them (PostgreSQL's signals through the signalling table, MariaDB's through a Kafka signal
+  topic) while a workload updates and deletes the very keys being repaired, and while a
   transaction that updated one of them before the re-read commits only after the re-read's window closed.
   Afterwards every full view equals `SELECT *`, both coverage checks pass, and per key the raw log's positions
   follow the topic's order (no row went back in time). The key is composite, with quotes and unicode.
@@ -189,8 +190,8 @@ ACC = "rp_acc"
 
 
 class Workload:
-    """Updates every repaired key but the in-flight one, inserts new rows, and once the repair's signal is in the
-    signalling table deletes two of the keys being repaired; until stopped."""
+    """Updates every repaired key but the in-flight one, inserts new rows, and once the repair's signal (or its
+    snapshot's first window) is in the signalling table deletes two of the keys being repaired; until stopped."""
 
     def __init__(self, source: Source) -> None:
         self.source, self.stop, self.error, self.done, self.deleted_after_signal = source, threading.Event(), None, 0, 0
@@ -204,7 +205,7 @@ class Workload:
                 n += 1
                 statements = [(f"update {ACC} set balance = balance + 1, name = %s where tenant = %s and id = %s", (f"w{n}", *keys[n % len(keys)])),
                               (f"insert into {ACC} values (%s, %s, %s, %s)", ("new", n, f"new {n}", Decimal(n)))]
-                if signalled is None and self.source.rows(f"select count(*) from {SIGNAL} where type = 'execute-snapshot'")[0][0]:
+                if signalled is None and self.source.rows(f"select count(*) from {SIGNAL}")[0][0]:  # the request, or its first window
                     signalled = n
                 if signalled is not None and n - signalled in (0, 4):
                     statements.append((f"delete from {ACC} where tenant = %s and id = %s", DELETED[(n - signalled) // 4]))
@@ -251,9 +252,13 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
     charset = " character set utf8mb4" if kind == "mariadb" else ""
     source.run([(f"create table {ACC} (tenant {types}, primary key (tenant, id)){charset}", ()), (signal_table(source) + charset, ())]
                + [(f"insert into {ACC} values (%s, %s, %s, %s)", (t, i, f"{t} {i}", Decimal(i) / 4)) for t in TENANTS for i in range(1, 6)])
-    config = source.connector([ACC])
+    # One channel each: PostgreSQL's repair writes the signalling table, MariaDB's sends on a Kafka signal topic.
+    topic = f"{source.prefix}_signals"  # outside the stream's subscribe pattern
+    kafka = {"signal.enabled.channels": "source,kafka", "signal.kafka.topic": topic, "signal.kafka.bootstrap.servers": testbed.broker.bootstrap}
+    config = source.connector([ACC], **(kafka if kind == "mariadb" else {}))
     table_id = f"{source.namespace}.{ACC}"
-    cfg = source.config(tmp_path, {table_id: {"key": ["tenant", "id"]}}, {"signal_table": f"{source.namespace}.{SIGNAL}", "wait": 240, "poll": 2})
+    channel = {"signal_topic": topic, "topic_prefix": source.prefix} if kind == "mariadb" else {"signal_table": f"{source.namespace}.{SIGNAL}"}
+    cfg = source.config(tmp_path, {table_id: {"key": ["tenant", "id"]}}, {**channel, "wait": 240, "poll": 2})
     table = cfg.tables[0]
     in_flight = None
     try:
@@ -321,6 +326,7 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
         assert reread and flight[-1]["op"] == "u" and reread[-1]["position"] < flight[-1]["position"], flight
         (recorded,) = repair_log.repairs(cfg.lake, ACC)
         assert (recorded["outcome"], recorded["keys_asked"], recorded["keys_landed"]) == ("repaired", asked, asked)
+        assert recorded["channel"] == ("kafka" if kind == "mariadb" else "source")
 
         # Without a channel the repair names the keys and the backfill; a channel that cannot be used is an error.
         spark.sql(f"DELETE FROM delta.`{cfg.lake / ACC}` WHERE tenant = 'plain' and id = 3")
