@@ -6,11 +6,12 @@ It leaves the lake only through the source's own delete, or through this path (`
 `repair.remove_absent`), which writes one delete event per key in Debezium's shape and loads it with
 `backfill.load_lines`, so every snapshot rule holds:
 
-* the delete's source block is the one of the event the lake's row came from (its position fields exactly),
-  so it sits at that row's position: it ties with the row and, the later arrival of two distinct events,
-  replaces it (`stages/ordering.py`), while any change the source makes to the key later is at a higher
-  position and wins over the delete; a delete placed at the time of the source's read could hide a row
-  inserted again by a transaction that was in flight during that read;
+* the delete's source block is the one of the event the lake's row came from, its position moved one step
+  past that row's (PostgreSQL: the LSN plus one; MariaDB/MySQL: the next `row` of the same binlog event), so it
+  replaces the row while any change the source makes to the key later, whose position is at least the end of
+  a commit record past the row's, still wins over it; a delete placed at the time of the source's read could
+  hide a row inserted again by a transaction that was in flight during that read. Other connectors' positions
+  are not stepped: their keys are reported, not removed;
 * DBLog's rule skips the delete when the raw log holds a newer change of the key (the latest state is behind
   its own log: `cdc rebuild` is the fix there), so it never removes what the log says is newer;
 * it lands in the raw log as an ordinary event (its `source` carries `cdc_repair`, the repair's id), so a
@@ -56,6 +57,18 @@ def _event_source(line: str) -> dict[str, Any] | None:
     return dict(source) if isinstance(source, dict) else None
 
 
+def _step_past(source: dict[str, Any], kind: str | None, position: str | None) -> dict[str, Any] | None:
+    """`source` with its position fields moved one step past `position` (module docstring); None when it cannot be."""
+    if position is None or not position.isdigit():
+        return None
+    if kind == "pg_lsn":
+        moved = {k: v for k, v in source.items() if k not in ("sequence", "lsn")}
+        return moved | {"lsn": int(position) + 1}
+    if kind == "mysql_binlog" and len(position) == 40 and int(position[30:]) < 10**10 - 1:
+        return source | {"row": int(position[30:]) + 1}
+    return None
+
+
 def delete_lines(spark: SparkSession, config: PlatformConfig, table: TableConfig, keys: Sequence[tuple[Any, ...]], repair_id: str,
                  now_ms: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """One Debezium delete line per key live in the lake, at the position of the row it holds; and the keys
@@ -76,11 +89,12 @@ def delete_lines(spark: SparkSession, config: PlatformConfig, table: TableConfig
             .where(F.col(KEY).isin(list(wanted)) & ~F.coalesce(F.col("_deleted"), F.lit(False)))
             .select(KEY, "_event_id").collect())
     found = {r[KEY]: r["_event_id"] for r in rows}
-    events = {}
+    events, kinds = {}, {}
     if found:
         raw = lake_spark.read(spark, lake.table_path(config.lake, RAW))
-        for r in raw.where(F.col("event_id").isin(list(set(found.values())))).select("event_id", "key", "line").collect():
+        for r in raw.where(F.col("event_id").isin(list(set(found.values())))).select("event_id", "key", "line", "position_kind", "position").collect():
             events[r["event_id"]] = (r["key"], r["line"])
+            kinds[r["event_id"]] = (r["position_kind"], r["position"])
     lines, kept = [], []
     for text in wanted:
         if text not in found:
@@ -91,7 +105,12 @@ def delete_lines(spark: SparkSession, config: PlatformConfig, table: TableConfig
         if key is None or source is None:
             kept.append((shown[text], f"the event its row came from ({found[text]}) is not readable in the raw log"))
             continue
-        source.update({"snapshot": "false", "ts_ms": now_ms, "cdc_repair": repair_id})
+        kind, position = kinds.get(found[text], (None, None))
+        stepped = _step_past(source, kind, position)
+        if stepped is None:
+            kept.append((shown[text], f"its position ({kind}) cannot be stepped past; delete it at the source, or rebuild"))
+            continue
+        source = stepped | {"snapshot": "false", "ts_ms": now_ms, "cdc_repair": repair_id}
         for nested in ("ts_us", "ts_ns"):
             source.pop(nested, None)
         delete = {"before": loads_json(key), "after": None, "op": "d", "source": source, "ts_ms": now_ms, "transaction": None}

@@ -11,6 +11,7 @@ platform through Debezium's incremental snapshots, while the stream runs and a w
   transaction that updated one of them before the re-read commits only after the re-read's window closed.
   Afterwards every full view equals `SELECT *`, both coverage checks pass, and per key the raw log's positions
   follow the topic's order (no row went back in time). The key is composite, with quotes and unicode.
+* A row deleted at the source where the connector cannot see it leaves the lake through `--remove-absent`.
 * Without a signal channel the repair names the keys and the backfill; a channel that cannot be used is an error.
 """
 
@@ -42,6 +43,7 @@ LOST = [(t, 1) for t in TENANTS]  # every stored version of these is deleted fro
 BEHIND = [("plain", 2), ("naïve ☃", 2)]  # changed at the source where the connector cannot see it
 IN_FLIGHT = ("it's", 1)  # updated before the re-read, committed after its window closed
 DELETED = [("quo\"te", 1), ("back\\slash", 1)]  # deleted by the workload while they are repaired
+EXTRA = ("plain", 5)  # deleted at the source where the connector cannot see it: only the removal path takes it away
 
 
 @dataclass
@@ -229,6 +231,7 @@ def _lake_acc(query: Any, cfg: PlatformConfig) -> list[tuple[Any, ...]] | None:
 def _behind_the_streams_back(source: Source, publication: str) -> None:
     """Change rows where the connector cannot see it: MariaDB without the binlog, PostgreSQL outside the publication."""
     update = [(f"update {ACC} set name = 'behind the back' where tenant = %s and id = %s", key) for key in BEHIND]
+    update.append((f"delete from {ACC} where tenant = %s and id = %s", EXTRA))
     if source.kind == "mariadb":
         conn = source.connect(autocommit=True)  # sql_log_bin cannot change inside a transaction
         try:
@@ -273,8 +276,9 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
             spark.sql(f"DELETE FROM delta.`{cfg.lake / ACC}` WHERE {condition}")
             _behind_the_streams_back(source, config.get("publication.name", ""))
             found = coverage_result(spark, cfg.lake, table, cfg.source_connection)
-            assert (found.outcome.metadata["missing_in_lake"], found.outcome.metadata["different_values"]) == (6, 2), found.outcome.description
-            assert sorted(found.keys()) == sorted(LOST + BEHIND)
+            counts = tuple(found.outcome.metadata[k] for k in ("missing_in_lake", "different_values", "extra_in_lake"))
+            assert counts == (6, 2, 1), found.outcome.description
+            assert sorted(found.keys()) == sorted(LOST + BEHIND + [EXTRA])
 
             # The in-flight transaction: it updates a lost key before the re-read, and commits once the re-read row is in Kafka.
             in_flight = source.connect(autocommit=False)
@@ -291,13 +295,14 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
             committer = threading.Thread(target=commit_after_the_reread, daemon=True)
             committer.start()
             workload.thread.start()
-            code = cli.main(["repair", "--config", str(cfg.source_file), "--table", ACC])
+            code = cli.main(["repair", "--config", str(cfg.source_file), "--table", ACC, "--remove-absent"])
             out = capsys.readouterr().out
             committer.join(timeout=60)
             # The repair reads coverage itself, while the workload writes: a new row the stream has not landed yet may be
             # asked for beside the 8 (re-reading it is harmless); every key asked for landed.
             asked = int(out.split(": repaired: ")[1].split()[0]) if ": repaired: " in out else 0
             assert code == 0 and asked >= 8 and out.startswith(f"{ACC}: repaired: {asked} of {asked} re-read key(s) landed"), out
+            assert "1 of 1 row(s) the source no longer has removed" in out, out
         finally:
             workload.stop.set()
             if workload.thread.is_alive():
@@ -326,7 +331,7 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
         assert reread and flight[-1]["op"] == "u" and reread[-1]["position"] < flight[-1]["position"], flight
         (recorded,) = repair_log.repairs(cfg.lake, ACC)
         assert (recorded["outcome"], recorded["keys_asked"], recorded["keys_landed"]) == ("repaired", asked, asked)
-        assert recorded["channel"] == ("kafka" if kind == "mariadb" else "source")
+        assert recorded["channel"] == ("kafka" if kind == "mariadb" else "source") and (recorded["keys_absent"], recorded["keys_removed"]) == (1, 1)
 
         # Without a channel the repair names the keys and the backfill; a channel that cannot be used is an error.
         spark.sql(f"DELETE FROM delta.`{cfg.lake / ACC}` WHERE tenant = 'plain' and id = 3")
