@@ -320,7 +320,8 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
         assert coverage_result(spark, cfg.lake, table, cfg.source_connection).outcome.passed
         assert checks.coverage(spark, cfg.lake, table).passed, "the latest state is the newest raw event of every key"
         # No row went back in time: per key, the raw log's positions follow the topic's order (one partition per key).
-        events = query(cfg, f"select key, op, snapshot, position, kafka_offset from raw_change_events where table_id = '{table_id}' order by kafka_offset")
+        events = query(cfg, f"select key, op, snapshot, position, kafka_offset from raw_change_events where table_id = '{table_id}' "
+                            "and kafka_offset is not null order by kafka_offset")
         by_key: dict[str, list[dict[str, Any]]] = {}
         for e in events:
             by_key.setdefault(e["key"], []).append(e)
@@ -329,6 +330,10 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
         flight = by_key[json.dumps({"id": IN_FLIGHT[1], "tenant": IN_FLIGHT[0]}, separators=(",", ":"), ensure_ascii=False)]
         reread = [e for e in flight if e["op"] == "r" and e["kafka_offset"] > min(x["kafka_offset"] for x in flight)]
         assert reread and flight[-1]["op"] == "u" and reread[-1]["position"] < flight[-1]["position"], flight
+        removed = query(cfg, f"select position, op, source_file from raw_change_events where table_id = '{table_id}' and kafka_offset is null")
+        extra = by_key[json.dumps({"id": EXTRA[1], "tenant": EXTRA[0]}, separators=(",", ":"), ensure_ascii=False)]
+        assert len(removed) == 1 and removed[0]["op"] == "d" and removed[0]["source_file"].startswith("cdc-repair:")
+        assert removed[0]["position"] > max(e["position"] for e in extra), "the removal's delete sits past the row it removes"
         (recorded,) = repair_log.repairs(cfg.lake, ACC)
         assert (recorded["outcome"], recorded["keys_asked"], recorded["keys_landed"]) == ("repaired", asked, asked)
         assert recorded["channel"] == ("kafka" if kind == "mariadb" else "source") and (recorded["keys_absent"], recorded["keys_removed"]) == (1, 1)
