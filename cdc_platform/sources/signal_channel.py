@@ -19,6 +19,7 @@ snapshots"). A channel that cannot be used (no such table, no privilege, a broke
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -78,8 +79,6 @@ def _positive(raw: Mapping[str, Any], name: str, default: float, entry: str, *, 
 
 def parse_repair(value: Any, where: str, kafka_bootstrap: str | None = None, environ: Mapping[str, str] | None = None) -> RepairConfig:
     """`repair:` of cdc.yaml (absent: no channel, default bounds). `kafka_bootstrap` is the Kafka source's servers."""
-    import os
-
     env = os.environ if environ is None else environ
     entry = f"{where}: repair"
     if value is None:
