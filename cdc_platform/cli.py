@@ -340,6 +340,40 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from cdc_platform.backfill.repair import repair_table
+
+    config = _config(args)
+    tables = [config.table(name) for name in args.table] if args.table else list(config.tables)
+    if not tables:
+        raise LakeError("the config names no tables under `tables:`; there is nothing to repair")
+    if config.source_connection is None:
+        from cdc_platform.errors import ConfigError
+
+        raise ConfigError("cdc repair compares the lake with the live source and asks its connector to re-read rows: "
+                          "set `source_connection:` (and `repair:`) in the config")
+    spark = _spark(config.spark_master, object_store=config.lake_is_remote)
+    healed = True
+    for table in tables:
+        report = repair_table(spark, config, table, dry_run=args.dry_run, remove_absent=True if args.remove_absent else None,
+                              wait=args.wait, progress=_say)
+        print(f"{table.name}: {report.outcome}: {report.message}", flush=True)
+        for text in report.signal_texts if args.dry_run else ():
+            print(text, flush=True)
+        healed = healed and (report.succeeded or report.outcome == "planned")
+    return 0 if healed else 1
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from cdc_platform.backfill import load_snapshot
+
+    config = _config(args)
+    _spark(config.spark_master, object_store=config.lake_is_remote)
+    diff = load_snapshot(config, args.table, dry_run=args.dry_run, progress=_say)
+    print(diff.summary(), flush=True)
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's promise: a usage mistake is one `error:` line and exit 2, like any other error."""
 
@@ -458,6 +492,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_paths(p)
     p.add_argument("--table", required=True, metavar="NAME", help="lake name of the table, e.g. customers (required)")
     p.set_defaults(func=cmd_rebuild)
+
+    p = command("repair", "re-read the rows a failed source coverage names, through the connector's incremental snapshots",
+                "Compare each table (or the ones named) with the live source (`source_connection`), then ask the source's Debezium "
+                "connector to re-read exactly the keys that are missing or differ, through an incremental snapshot signal on the "
+                "channel `repair:` names; wait until they have landed (a running `cdc stream` lands them), check coverage again and "
+                "record the repair in the lake's source_repairs table. Exit 0 when every table is healed (or was whole), 1 when not.")
+    add_paths(p)
+    add_master(p)
+    p.add_argument("--table", action="append", metavar="NAME", help="repair only this table (lake name); repeat for more (default: every table)")
+    p.add_argument("--dry-run", action="store_true", help="print the signals a repair would send, send nothing (default: off)")
+    p.add_argument("--remove-absent", action="store_true",
+                   help="also remove lake rows the source no longer has, by the backfill rules (default: the config's repair.remove_absent)")
+    p.add_argument("--wait", type=float, metavar="S", help="seconds to wait for the re-read rows to land (default: the config's repair.wait, 600)")
+    p.set_defaults(func=cmd_repair)
+
+    p = command("backfill", "load a table's source snapshot from snapshots/<table>/ into the lake, never over newer data",
+                "Load the Debezium JSON lines, or CSV/Parquet rows with as_of.json, in the config's snapshots/<table>/ into the raw log "
+                "and the latest state: a row whose key the raw log changed later is skipped (never overwrites, never resurrects). "
+                "Dagster's snapshot_load does the same.")
+    add_paths(p)
+    add_master(p)
+    p.add_argument("--table", required=True, metavar="NAME", help="lake name of the table, e.g. customers (required)")
+    p.add_argument("--dry-run", action="store_true", help="only print what would be loaded (default: off)")
+    p.set_defaults(func=cmd_backfill)
 
     p = command("maintain", "fold pending changes, purge expired tombstones, compact small files, vacuum",
                 "Fold pending changes and purge expired tombstones of latest-state tables, then compact small files and "

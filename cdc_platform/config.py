@@ -19,6 +19,7 @@ import yaml
 
 from cdc_platform.config_source import SourceConfig, parse_source
 from cdc_platform.errors import ConfigError
+from cdc_platform.sources.signal_channel import RepairConfig, parse_repair
 from cdc_platform.sources.source_connection import SourceConnection, parse_source_connection
 from cdc_platform.storage import LakePath, ObjectStoreConfig, is_remote, is_url, lake_location, parse_object_store
 
@@ -36,6 +37,7 @@ SYSTEM_TABLES: tuple[str, ...] = (
     "late_transaction_events",
     "open_transactions",
     "consistency_watermark",
+    "source_repairs",
 )
 
 LAKE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,127}$")  # no leading _: the lake keeps its own state in _dirs
@@ -58,6 +60,7 @@ _TOP_KEYS = {
     "source",
     "catalog",
     "source_connection",
+    "repair",
     "object_store",
 }
 _CATALOG_KEYS = {"schema"}
@@ -183,6 +186,8 @@ class PlatformConfig:
     source: SourceConfig = field(default_factory=SourceConfig)  # `landing` is not read when it is Kafka
     #: The source database itself, for coverage against the live source; None: that check is not built.
     source_connection: SourceConnection | None = None
+    #: How a failed source coverage is repaired: Debezium's signal channel and the bounds (`repair:`).
+    repair: RepairConfig = field(default_factory=RepairConfig)
     #: Endpoint, region and addressing of the object store the lake is on (`object_store:`), with the
     #: credentials the environment gave; unused for a local lake.
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
@@ -357,6 +362,7 @@ def parse_config(
 
     catalog = parse_catalog(raw.get("catalog"), where)
     source_connection = parse_source_connection(raw.get("source_connection"), where)
+    repair = parse_repair(raw.get("repair"), where, source.kafka.bootstrap_servers if source.kafka is not None else None, environ)
 
     return PlatformConfig(
         catalog=catalog,
@@ -374,6 +380,7 @@ def parse_config(
         source_file=source_file,
         source=source,
         source_connection=source_connection,
+        repair=repair,
         object_store=object_store,
     )
 

@@ -15,6 +15,7 @@ from dagster import (
     AssetKey,
     AssetSpec,
     BackfillPolicy,
+    Failure,
     Field,
     MaterializeResult,
     MetadataValue,
@@ -214,6 +215,49 @@ def build_backfill_asset(platform: PlatformConfig):  # type: ignore[no-untyped-d
         return MaterializeResult(metadata={**totals, "dry_run": dry_run, "tables": MetadataValue.json({d.table: d.as_metadata() for d in diffs})})
 
     return snapshot_load
+
+
+REPAIR_ASSET = "source_repair"
+#: Launch config of a repair (`config_schema`, as the snapshot load's).
+SOURCE_REPAIR_CONFIG = {
+    "dry_run": Field(bool, default_value=False, description="Only plan the signals (shown in the log); send nothing, record nothing."),
+    "remove_absent": Field(bool, is_required=False, description="Also remove lake rows the source no longer has (default: repair.remove_absent)."),
+    "wait": Field(float, is_required=False, description="Seconds to wait for the re-read rows to land (default: repair.wait)."),
+}
+#: Outcomes after which the repair's run is green.
+HEALED = ("nothing_to_repair", "repaired", "removed", "planned")
+
+
+def build_repair_asset(platform: PlatformConfig):  # type: ignore[no-untyped-def]
+    """One partition per configured table, when the config names the live source: a materialisation is one repair."""
+    if not platform.tables or platform.source_connection is None:
+        return None
+
+    @asset(
+        name=REPAIR_ASSET,
+        group_name=BACKFILL_GROUP,
+        partitions_def=StaticPartitionsDefinition([t.name for t in platform.tables]),
+        deps=[t.name for t in platform.tables],
+        kinds={"delta", "debezium"},
+        config_schema=SOURCE_REPAIR_CONFIG,
+        description=("Repairs the partition's table where its source_coverage check failed: asks the source's Debezium connector to "
+                     "re-read exactly the keys that differ (an incremental snapshot signal on the channel `repair:` names), waits until "
+                     "they have landed, checks coverage again and records the repair in source_repairs. A running stream lands the rows."),
+    )
+    def source_repair(context, cdc: CdcResource) -> MaterializeResult:  # type: ignore[no-untyped-def]
+        from cdc_platform.backfill.repair import repair_table
+
+        options = context.op_config
+        report = repair_table(cdc.spark(), cdc.config, cdc.config.table(context.partition_key), dry_run=bool(options["dry_run"]),
+                              remove_absent=options.get("remove_absent"), wait=options.get("wait"), progress=context.log.info)
+        for text in report.signal_texts if options["dry_run"] else ():
+            context.log.info(f"signal: {text}")
+        meta = md.values(report.as_metadata())
+        if report.outcome not in HEALED:
+            raise Failure(description=f"{report.table}: {report.outcome}: {report.message}", metadata=meta)
+        return MaterializeResult(metadata=meta)
+
+    return source_repair
 
 
 @op(description="Fold latest-state delta layers, purge expired tombstones, compact small files and vacuum every table.")

@@ -18,7 +18,6 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSpec,
     DefaultSensorStatus,
-    MetadataValue,
     SensorDefinition,
     SupersessionWarning,
     multi_asset_check,
@@ -30,25 +29,19 @@ from cdc_platform import backfill, checks
 from cdc_platform.checks import quality
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import table_path
-from dagster_project.assets import fresh_assets
+from dagster_project import metadata as md
+from dagster_project.assets import REPAIR_ASSET, fresh_assets
 from dagster_project.resources import CdcResource
 
 #: Check names that the hourly coverage-and-completeness schedule runs.
 SCHEDULED_CHECKS = ("coverage", "source_coverage", "completeness")
+#: The job the hourly schedule runs: its source coverage checks repair what they find when `repair.auto` is on.
+CHECK_JOB = "coverage_and_completeness_checks"
 
 
 def to_result(outcome: checks.CheckOutcome, key: AssetCheckKey | None = None) -> AssetCheckResult:
     """The single mapping from a platform check to Dagster: pass/fail, severity, description, metadata."""
-    meta: dict[str, Any] = {}
-    for name, value in outcome.metadata.items():
-        if isinstance(value, bool):
-            meta[name] = MetadataValue.bool(value)
-        elif isinstance(value, (int, float)):
-            meta[name] = value
-        elif isinstance(value, (dict, list)):
-            meta[name] = MetadataValue.json(value)
-        else:
-            meta[name] = MetadataValue.text(str(value))
+    meta = md.values(outcome.metadata)
     severity = AssetCheckSeverity.WARN if outcome.severity is checks.Severity.WARN else AssetCheckSeverity.ERROR
     where = {"asset_key": key.asset_key, "check_name": key.name} if key is not None else {}
     return AssetCheckResult(passed=outcome.passed, severity=severity, description=outcome.description, metadata=meta, **where)
@@ -68,10 +61,12 @@ def _combine(outcomes: list[checks.CheckOutcome], empty: str) -> checks.CheckOut
 @dataclass(frozen=True)
 class PlatformCheck:
     """One check of the platform: what Dagster shows (its spec) and how it is judged (a function of the
-    resource that returns the platform's `CheckOutcome`)."""
+    resource that returns the platform's `CheckOutcome`); `scheduled`, when set, judges it in the scheduled
+    check job instead (the source coverage that repairs what it finds)."""
 
     spec: AssetCheckSpec
     evaluate: Callable[[CdcResource], checks.CheckOutcome]
+    scheduled: Callable[[CdcResource], checks.CheckOutcome] | None = None
 
     @property
     def key(self) -> AssetCheckKey:
@@ -102,17 +97,33 @@ def coverage_check(table: TableConfig) -> PlatformCheck:
                                                     f"with a source snapshot in `snapshots/{table.name}/`, source rows vs lake rows too."), evaluate)
 
 
+def _offer_repair(outcome: checks.CheckOutcome, table: TableConfig) -> checks.CheckOutcome:
+    """A failed source coverage names its repair: the `source_repair` partition of the table, or `cdc repair`."""
+    if outcome.passed:
+        return outcome
+    offer = f"materialise {REPAIR_ASSET}, partition {table.name} (or run `cdc repair --table {table.name}`)"
+    return checks.CheckOutcome(outcome.passed, outcome.severity, outcome.description, {**outcome.metadata, "repair_with": offer})
+
+
 def source_coverage_check(table: TableConfig) -> PlatformCheck:
     def evaluate(cdc: CdcResource) -> checks.CheckOutcome:
         from cdc_platform.checks.source_coverage import source_coverage
 
         connection = cdc.config.source_connection
         assert connection is not None  # built only when the config names one
-        return source_coverage(cdc.spark(), cdc.lake, table, connection)
+        return _offer_repair(source_coverage(cdc.spark(), cdc.lake, table, connection), table)
+
+    def scheduled(cdc: CdcResource) -> checks.CheckOutcome:
+        from cdc_platform.backfill.repair import coverage_with_repair
+
+        if not cdc.config.repair.auto:
+            return evaluate(cdc)
+        return _offer_repair(coverage_with_repair(cdc.spark(), cdc.config, table), table)
 
     return PlatformCheck(AssetCheckSpec("source_coverage", asset=table.name,
                                         description="Source rows, read from the database itself (`source_connection`), vs lake rows: coverage %, "
-                                                    "missing, different and extra keys; rows changed after the read are left out."), evaluate)
+                                                    "missing, different and extra keys; rows changed after the read are left out. With "
+                                                    "`repair.auto`, the hourly check job repairs what it finds."), evaluate, scheduled)
 
 
 def freshness_check(table: TableConfig) -> PlatformCheck:
@@ -185,7 +196,12 @@ def build_checks(config: PlatformConfig) -> AssetChecksDefinition:
                        description="The platform's checks (coverage, completeness, freshness, dead letters, Great Expectations), evaluated side by side.")
     def cdc_checks(context, cdc: CdcResource) -> Iterator[AssetCheckResult]:  # type: ignore[no-untyped-def]  # Dagster rejects a postponed `context` annotation
         keys = {key.to_user_string(): key for key in context.selected_asset_check_keys}
-        selected = {name: (lambda c=defined[key]: c.evaluate(cdc)) for name, key in sorted(keys.items())}
+        in_schedule = context.run.job_name == CHECK_JOB
+
+        def judge(check: PlatformCheck) -> checks.CheckOutcome:
+            return (check.scheduled if in_schedule and check.scheduled is not None else check.evaluate)(cdc)
+
+        selected = {name: (lambda c=defined[key]: judge(c)) for name, key in sorted(keys.items())}
         for name, outcome in checks.side_by_side(selected):
             yield to_result(outcome, keys[name])
 

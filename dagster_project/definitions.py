@@ -28,9 +28,9 @@ from dagster import (
 
 from cdc_platform import checks, lake
 from cdc_platform.config import PlatformConfig, load_config, parse_config, resolve_config_path
-from dagster_project.assets import build_backfill_asset, build_ingest_asset, build_view_assets, lake_maintenance
+from dagster_project.assets import build_backfill_asset, build_ingest_asset, build_repair_asset, build_view_assets, lake_maintenance
 from dagster_project import metadata as md
-from dagster_project.checks import build_checks, freshness_policy_checks, freshness_policy_sensor, scheduled_checks
+from dagster_project.checks import CHECK_JOB, build_checks, freshness_policy_checks, freshness_policy_sensor, scheduled_checks
 from dagster_project.resources import CdcResource
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +88,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
     asset_checks = build_checks(config)
     policy = freshness_policy_checks(config)
     snapshot_load = build_backfill_asset(config)
+    source_repair = build_repair_asset(config)
 
     # One process per run (`in_process_executor`), so every step shares one Spark session: with
     # Dagster's default executor each step is a process of its own that starts its own JVM (13 Spark
@@ -95,7 +96,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
     # running the steps one after another, and a run needs no `cdc serve` to be up.
     pipeline = define_asset_job(PIPELINE_JOB, selection=AssetSelection.assets(ingest, *views), executor_def=in_process_executor,
                                 description="Ingest everything landed since the last run, then refresh the views; runs every check on them.")
-    check_job = define_asset_job("coverage_and_completeness_checks", selection=AssetSelection.checks(*scheduled_checks(config)),
+    check_job = define_asset_job(CHECK_JOB, selection=AssetSelection.checks(*scheduled_checks(config)),
                                  executor_def=in_process_executor,
                                  description="The coverage and completeness checks, without materialising anything.")
 
@@ -140,7 +141,7 @@ def build_defs(config_path: Path | None = None) -> Definitions:
         )
 
     return Definitions(
-        assets=[ingest, *views, *([snapshot_load] if snapshot_load is not None else [])],
+        assets=[ingest, *views, *(a for a in (snapshot_load, source_repair) if a is not None)],
         asset_checks=[asset_checks, *policy],
         jobs=[pipeline, check_job, lake_maintenance],
         schedules=[

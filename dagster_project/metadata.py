@@ -23,6 +23,21 @@ LAST_UPDATED = "dagster/last_updated_timestamp"
 SAMPLE_CELL_CHARS = 120
 
 
+def values(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The platform's plain metadata (numbers, text, booleans, dicts and lists) as Dagster's metadata values."""
+    out: dict[str, Any] = {}
+    for name, value in meta.items():
+        if isinstance(value, bool):
+            out[name] = MetadataValue.bool(value)
+        elif isinstance(value, (int, float)):
+            out[name] = value
+        elif isinstance(value, (dict, list)):
+            out[name] = MetadataValue.json(value)
+        else:
+            out[name] = MetadataValue.text(str(value))
+    return out
+
+
 def column_schema(columns: Iterable[tuple[str, str, bool]]) -> MetadataValue:
     """(name, type, nullable) per column as a `TableSchema`."""
     return MetadataValue.table_schema(TableSchema(columns=[

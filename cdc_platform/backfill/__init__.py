@@ -258,7 +258,17 @@ def load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool = False, p
         return _load_snapshot(config, name, dry_run=dry_run, progress=progress)
 
 
-def _load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool, progress: Callable[[str], None] | None) -> SnapshotDiff:
+def load_lines(config: PlatformConfig, name: str, lines: list[tuple[str, str]], *, dry_run: bool = False,
+               progress: Callable[[str], None] | None = None) -> SnapshotDiff:
+    """Debezium event lines of one table, each with where it came from, loaded by the same rules as a snapshot
+    (`load_snapshot`): what the repair's removal of rows the source no longer has goes through."""
+    lake_spark.session()
+    with spark_jobs.labelled("backfill", f"cdc repair{' (dry run)' if dry_run else ''}: {name}"):
+        return _load_snapshot(config, name, dry_run=dry_run, progress=progress, lines=lines)
+
+
+def _load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool, progress: Callable[[str], None] | None,
+                   lines: list[tuple[str, str]] | None = None) -> SnapshotDiff:
     from cdc_platform.stages.latest_state import Events, LatestStateStage, apply_table
 
     say = progress or (lambda _m: None)
@@ -269,7 +279,7 @@ def _load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool, progress
         raise LakeError(f"{config.lake} has no raw_change_events yet; run `cdc run` once before a backfill")
     # columns added since the lake was made
     lake_spark.ensure_table(spark, raw_path, lake_spark.spark_schema(schemas.RAW_CHANGE_EVENTS), schemas.RAW_PARTITION_BY)
-    lines = read_snapshot(config, table)
+    lines = read_snapshot(config, table) if lines is None else lines
     keys = KeySpec({table.source: table.key})
     parsed = pa.Table.from_batches([rows_to_batch([parse_line(line, src, keys) for line, src in lines])])
     batch = split_parsed(parsed, batch_id=0)

@@ -298,7 +298,7 @@ def _bucket_function(table: TableConfig, position: str, source_columns: tuple[st
     return run
 
 
-def _keyed_lake(frame: DataFrame, table: TableConfig) -> DataFrame:
+def keyed_lake(frame: DataFrame, table: TableConfig) -> DataFrame:
     """The lake's rows with their key text, computed on the executors by the same `key_of` the source's rows get."""
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -343,7 +343,7 @@ def compare_in_spark(spark: SparkSession, lake_dir: LakePath, table: TableConfig
         lake_columns = tuple(c for c in stored.columns if c not in ("_position", "_deleted")) if stored is not None else ()
         source = (spark.read.parquet(location) if wrote
                   else lake_spark.from_arrow(spark, held[0] if held else source_schema.empty_table(), source_schema))
-        keyed = (_keyed_lake(stored, table) if stored is not None
+        keyed = (keyed_lake(stored, table) if stored is not None
                  else spark.createDataFrame([], f"{KEY} string, _position string, _deleted boolean"))
         buckets = max(int(spark.conf.get("spark.sql.shuffle.partitions")), math.ceil(scan.rows / BUCKET_ROWS))
         bucket = F.pmod(F.xxhash64(KEY), F.lit(buckets)).cast("int").alias(BUCKET)
@@ -401,11 +401,32 @@ def _remove(spark: SparkSession, location: str) -> None:
     fs.delete(path, True)
 
 
+@dataclass
+class CoverageResult:
+    """A source coverage check's outcome and what a repair needs of it: the keys that still differ after the
+    recheck, each as (verdict, key shown, key values as read), or None when more than `MAX_RECHECK` differ."""
+
+    outcome: CheckOutcome
+    position: str  # the first read's position, in the lake's format
+    differing: list[tuple[str, str, tuple[Any, ...]]] | None
+
+    def keys(self, *kinds: str) -> list[tuple[Any, ...]]:
+        """The key values of the differing keys of these verdicts (all when none is named), in key order."""
+        return [values for kind, _, values in sorted(self.differing or (), key=lambda d: d[1]) if not kinds or kind in kinds]
+
+
 def source_coverage(spark: SparkSession, lake_dir: LakePath, table: TableConfig, connection: SourceConnection, *,
                     sleep: Callable[[float], None] = time.sleep) -> CheckOutcome:
     """The latest state of `table` against its live source table (module docstring)."""
+    return coverage_result(spark, lake_dir, table, connection, sleep=sleep).outcome
+
+
+def coverage_result(spark: SparkSession, lake_dir: LakePath, table: TableConfig, connection: SourceConnection, *,
+                    sleep: Callable[[float], None] = time.sleep) -> CoverageResult:
+    """`source_coverage`, with the keys that still differ (what `backfill.repair` re-reads)."""
     first = compare_in_spark(spark, lake_dir, table, connection)
     counts, different_columns, samples, rechecked = dict(first.counts), first.different_columns, first.samples, 0
+    differing = first.differing
     if first.differing and connection.recheck_after >= 0:
         sleep(connection.recheck_after)
         rechecked = len(first.differing)
@@ -415,7 +436,7 @@ def source_coverage(spark: SparkSession, lake_dir: LakePath, table: TableConfig,
             counts[kind] = 0
         for kind, n in second.counts.items():
             counts[kind] += n
-        different_columns, samples = second.different_columns, second.samples
+        different_columns, samples, differing = second.different_columns, second.samples, second.differing
     considered = sum(counts[k] for k in ("matched", "missing_in_lake", "different_values"))
     pct = 100.0 * counts["matched"] / considered if considered else 100.0
     meta: dict[str, Any] = {"source": connection.describe(), "source_position": first.position, "source_rows": first.source_rows,
@@ -432,7 +453,10 @@ def source_coverage(spark: SparkSession, lake_dir: LakePath, table: TableConfig,
         described = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in bad.items())
         example = meta["live_mismatched_keys"][next(iter(bad))][0]
         when = f", still after a recheck {connection.recheck_after:g} s later" if rechecked else ""
-        return CheckOutcome(False, Severity.ERROR, f"{table.name} vs the live {table.source}: {pct:.2f}% covered; {described} (e.g. key {example}){when}; "
-                            f"find the cause (dead letters, a connector's lost events), then `cdc rebuild --table {table.name}` or a snapshot load", meta)
-    return CheckOutcome(True, Severity.ERROR, f"{table.name} vs the live {table.source}: {pct:.2f}% covered ({counts['matched']:,} rows equal, "
-                        f"{counts['changed_after_read']:,} changed after the read)", meta)
+        return CoverageResult(CheckOutcome(
+            False, Severity.ERROR, f"{table.name} vs the live {table.source}: {pct:.2f}% covered; {described} (e.g. key {example}){when}; "
+            f"find the cause (dead letters, a connector's lost events), then `cdc repair --table {table.name}` (the connector re-reads "
+            f"exactly these keys), `cdc rebuild --table {table.name}` or a snapshot load", meta), first.position, differing)
+    return CoverageResult(CheckOutcome(
+        True, Severity.ERROR, f"{table.name} vs the live {table.source}: {pct:.2f}% covered ({counts['matched']:,} rows equal, "
+        f"{counts['changed_after_read']:,} changed after the read)", meta), first.position, differing or [])

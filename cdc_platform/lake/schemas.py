@@ -137,6 +137,32 @@ STAGE_PROGRESS = pa.schema(
     ]
 )
 
+#: One row per repair of a table's source coverage (`backfill.repair`): what was asked of the connector, what
+#: came back, and the coverage before and after.
+SOURCE_REPAIRS = pa.schema(
+    [
+        pa.field("repair_id", pa.string(), nullable=False),
+        pa.field("table_name", pa.string(), nullable=False),
+        pa.field("source_table", pa.string()),
+        pa.field("outcome", pa.string(), nullable=False),
+        pa.field("channel", pa.string()),
+        pa.field("started_at", TS, nullable=False),
+        pa.field("signalled_at", TS),
+        pa.field("finished_at", TS, nullable=False),
+        pa.field("keys_differing", pa.int64()),
+        pa.field("keys_asked", pa.int64()),
+        pa.field("keys_landed", pa.int64()),
+        pa.field("keys_unexpressible", pa.int64()),
+        pa.field("keys_absent", pa.int64()),
+        pa.field("keys_removed", pa.int64()),
+        pa.field("signals", pa.int64()),
+        pa.field("reread_events", pa.int64()),
+        pa.field("coverage_before_percent", pa.float64()),
+        pa.field("coverage_after_percent", pa.float64()),
+        pa.field("detail", pa.string()),
+    ]
+)
+
 #: What the parser emits per input line: one wide row whose `kind` says which table it feeds.
 PARSED = pa.schema(
     [pa.field("kind", pa.string())]

@@ -56,6 +56,8 @@ _TRAILING_DIGITS_RE = re.compile(r"(\d+)$")
 _SNAPSHOT_FALSE = {None, False, "false", "False", ""}
 _INT_TEXT_RE = re.compile(r"-?[0-9]{1,39}")  # an integer some converter wrote as a string
 _MAX_INT_DIGITS = 4300  # Python's int() refuses longer digit strings (sys.int_info.default_max_str_digits)
+#: Debezium PostgreSQL's `source.sequence`: JSON text of [last commit LSN, LSN], each a decimal string or null.
+_PG_SEQUENCE_RE = re.compile(r'\[\s*(?:null|"([0-9]{1,20})")\s*,\s*(?:null|"([0-9]{1,20})")\s*\]')
 
 #: Dead-letter reason codes with the sentence an operator reads. `{}` fields are filled per line.
 REASONS: dict[str, str] = {
@@ -221,9 +223,40 @@ def _binlog_index(file: str) -> int:
     return index
 
 
+def _pg_position(src: Mapping[str, Any]) -> int | None:
+    """A PostgreSQL event's place in Debezium's stream: the higher of its `lsn` and the last commit LSN before
+    its transaction (`sequence[0]`); None when the event carries neither.
+
+    The stream is in commit order; an LSN alone is not. A transaction that wrote a row before an earlier-committed
+    one's commit carries LSNs below that commit: against streamed changes of one key that is harmless (row locks
+    order them), but an incremental-snapshot read carries no `lsn` at all (Debezium leaves it out), only
+    `sequence`, at its window's close, and must sort below every change of a transaction that commits after that
+    close, however early it wrote. The last commit LSN of such a transaction is past the close, so the higher of
+    the two does; within a transaction it only ties events, which arrival order keeps in order (README,
+    "Repairing coverage from the source").
+    """
+    lsn = _as_int(src.get("lsn"), "source.lsn")
+    sequence = src.get("sequence")
+    if sequence is None:
+        return lsn
+    m = _PG_SEQUENCE_RE.fullmatch(sequence.strip()) if isinstance(sequence, str) else None
+    if m is None:
+        if lsn is not None:  # an unreadable sequence beside an LSN: the LSN alone, as before sequences were read
+            return lsn
+        raise _Dead("invalid_field", f"`source.sequence` is {quote_value(sequence)[:60]}, expected Debezium's "
+                    '\'["<last commit LSN>","<LSN>"]\' (an event without `source.lsn` is placed by it)')
+    known = [int(v) for v in m.groups() if v is not None] + ([] if lsn is None else [lsn])
+    if not known:
+        return None
+    highest = max(known)
+    if highest > INT64_MAX:
+        raise _Dead("out_of_range", f"`source.sequence` holds {highest}, outside the signed 64-bit range")
+    return highest
+
+
 def _position(connector: str, src: Mapping[str, Any], source_ms: int | None, tx_order: int | None) -> tuple[str, str]:
-    if connector == "postgresql" and src.get("lsn") is not None:
-        return f"{_as_int(src.get('lsn'), 'source.lsn'):020d}", "pg_lsn"
+    if connector == "postgresql" and (pg := _pg_position(src)) is not None:
+        return f"{pg:020d}", "pg_lsn"
     if connector in ("mysql", "mariadb") and (pos := src.get("pos")) is not None:  # Debezium's MariaDB connector: same binlog fields
         file_index = _binlog_index(str(src.get("file") or ""))
         pos = _as_int(pos, "source.pos") or 0

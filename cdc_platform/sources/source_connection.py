@@ -140,7 +140,7 @@ def binlog_position(file: str, pos: int) -> str:
     return f"{int(m.group(1)) if m else 0:010d}{int(pos):020d}{0:010d}"
 
 
-def _split_name(source_table: str, kind: str, database: str) -> tuple[str, str]:
+def split_name(source_table: str, kind: str, database: str) -> tuple[str, str]:
     """Debezium's `schema.table` (PostgreSQL) or `database.table` (MariaDB/MySQL) as a qualified name."""
     parts = source_table.split(".")
     if len(parts) == 1:
@@ -148,27 +148,30 @@ def _split_name(source_table: str, kind: str, database: str) -> tuple[str, str]:
     return parts[-2], parts[-1]
 
 
-def _quote(name: str, kind: str) -> str:
+def quote(name: str, kind: str) -> str:
     if kind == "postgresql":
         return '"' + name.replace('"', '""') + '"'
     return "`" + name.replace("`", "``") + "`"
 
 
 def _key_filter(key: Sequence[str], n: int, kind: str, mark: str) -> str:
-    cols = ", ".join(_quote(k, kind) for k in key)
+    cols = ", ".join(quote(k, kind) for k in key)
     one = "(" + ", ".join([mark] * len(key)) + ")"
     return f" WHERE ({cols}) IN ({', '.join([one] * n)})"
 
 
 @contextmanager
-def _connect(conn: SourceConnection) -> Iterator[Any]:
+def connect(conn: SourceConnection, *, read_only: bool = True) -> Iterator[Any]:
+    """A DB-API connection to the source, its session in UTC: read-only REPEATABLE READ on PostgreSQL unless
+    `read_only` is false (the repair writes its signals through it); autocommit off."""
     try:
         if conn.kind == "postgresql":
             import psycopg
 
             with psycopg.connect(host=conn.host, port=conn.port, dbname=conn.database, user=conn.user, password=conn.password,
                                  connect_timeout=max(1, int(conn.connect_timeout)), options="-c TimeZone=UTC") as c:
-                c.isolation_level, c.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+                if read_only:
+                    c.isolation_level, c.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
                 yield c
         else:
             import pymysql
@@ -196,8 +199,8 @@ def read_table_chunks(conn: SourceConnection, source_table: str, sink: Sink, key
     """
     if key_values is not None and not key_values:
         return SourceScan("", (), 0)
-    schema, table = _split_name(source_table, conn.kind, conn.database)
-    name = f"{_quote(schema, conn.kind)}.{_quote(table, conn.kind)}"
+    schema, table = split_name(source_table, conn.kind, conn.database)
+    name = f"{quote(schema, conn.kind)}.{quote(table, conn.kind)}"
     mark = "%s"
     where = _key_filter(key, len(key_values), conn.kind, mark) if key_values is not None else ""
     params = [v for row in key_values for v in row] if key_values is not None else []
@@ -209,7 +212,7 @@ def read_table_chunks(conn: SourceConnection, source_table: str, sink: Sink, key
             raise _SinkFailed(error) from error
 
     try:
-        with _connect(conn) as c:
+        with connect(conn) as c:
             if conn.kind == "postgresql":
                 return _read_postgres(c, name, where, params, guarded, chunk_rows)
             return _read_binlog_source(c, name, where, params, guarded, chunk_rows)
@@ -265,3 +268,47 @@ def _read_binlog_source(c: Any, name: str, where: str, params: list[Any], sink: 
         n = _stream(cur, columns, sink, chunk_rows)
     c.rollback()
     return SourceScan(binlog_position(status["Binlog_snapshot_file"], int(status["Binlog_snapshot_position"])), columns, n)
+
+
+def column_types(conn: SourceConnection, source_table: str) -> dict[str, str]:
+    """Each column of `source_table` with its type as `information_schema.columns.data_type` names it (lower case);
+    empty when the table is not there (or not visible to the user)."""
+    schema, table = split_name(source_table, conn.kind, conn.database)
+    try:
+        with connect(conn) as c, c.cursor() as cur:
+            cur.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+                        (schema, table))
+            found = {str(name): str(kind).lower() for name, kind in cur.fetchall()}
+            c.rollback()
+            return found
+    except SourceConnectionError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SourceConnectionError(f"cannot read the columns of {source_table} from {conn.describe()}: {first}; "
+                                    "check source_connection in the config and the credentials in its environment variables") from e
+
+
+def current_position(conn: SourceConnection) -> str:
+    """The source's log position now, in the lake's position format: every change committed from now on, and every
+    row an incremental snapshot emits from now on, is placed at or above it (PostgreSQL: `pg_current_wal_lsn()`;
+    MariaDB/MySQL: the end of the binary log, `SHOW MASTER STATUS`)."""
+    try:
+        with connect(conn) as c, c.cursor() as cur:
+            if conn.kind == "postgresql":
+                cur.execute("SELECT pg_current_wal_lsn()::text")
+                (lsn,) = cur.fetchone()
+                c.rollback()
+                return pg_lsn_position(lsn)
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+            c.rollback()
+    except SourceConnectionError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SourceConnectionError(f"cannot read the log position of {conn.describe()}: {first}; check source_connection in the config") from e
+    if not row:
+        raise SourceConnectionError("the source has no binary log (log_bin is off), so its rows cannot be placed against the lake's "
+                                    "binlog positions; Debezium needs log_bin=ON and binlog_format=ROW anyway")
+    return binlog_position(row[0], int(row[1]))

@@ -271,7 +271,7 @@ def test_every_command_and_option_has_help_with_its_default() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     summaries = {a.dest: a.help for a in sub._choices_actions}
-    assert set(sub.choices) == {"run", "stream", "sql", "serve", "generate", "demo", "rebuild", "maintain"}
+    assert set(sub.choices) == {"run", "stream", "sql", "serve", "generate", "demo", "rebuild", "maintain", "repair", "backfill"}
     for name, command in sub.choices.items():
         assert summaries[name] and command.description, name
         for action in command._actions:
@@ -286,6 +286,17 @@ def test_every_command_and_option_has_help_with_its_default() -> None:
         assert "%(" not in command.format_help()
     top = parser.format_help()
     assert "--version" in top and "--verbose" in top and all(f"    {n}" in top for n in sub.choices)
+
+
+def test_repair_and_backfill_say_what_they_need(tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cdc repair` needs the live source (before Spark starts); `cdc backfill` a lake and a table's snapshot."""
+    (tmp_path / "cdc.yaml").write_text("landing: landing\nlake: lake\ntables: {payments.customers: {key: [id]}}\n", encoding="utf-8")
+    assert main(["repair", "--config", str(tmp_path / "cdc.yaml")]) == 2
+    assert "error: cdc repair compares the lake with the live source" in capsys.readouterr().err
+    assert main(["repair", "--config", str(tmp_path / "cdc.yaml"), "--table", "nope"]) == 2
+    assert "error: no configured table is named 'nope' (configured: customers)" in capsys.readouterr().err
+    assert main(["backfill", "--config", str(tmp_path / "cdc.yaml"), "--table", "customers"]) == 2
+    assert "has no raw_change_events yet; run `cdc run` once before a backfill" in capsys.readouterr().err
 
 
 # --- the demo and a second run --------------------------------------------------------------------------

@@ -116,6 +116,36 @@ def test_mysql_binlog_position_orders_across_files() -> None:
     assert pos("mysql-bin.000003", 100, 0) < pos("mysql-bin.000003", 100, 1) < pos("mysql-bin.000003", 101, 0)
 
 
+def _pg(op: str, row_id: int, name: str, **source: Any) -> dict[str, Any]:
+    src = {"connector": "postgresql", "db": "cdc", "schema": "public", "table": "acc", "ts_ms": 1767225600000, **source}
+    return parse_line(json.dumps(change(op=op, after={"id": row_id, "name": name}, source=src, transaction=None)), "f",
+                      KeySpec({"public.acc": ["id"]}))
+
+
+def test_postgres_positions_follow_debezium_stream_not_the_lsn_alone() -> None:
+    """What Debezium 3.5 sent on the test bed (issue 46): an incremental-snapshot read carries no `lsn`, only
+    `sequence` at its window's close; a transaction that updated the row before the read and committed after the
+    window closed comes later in the topic with an LSN below the close, and the last commit LSN before it above."""
+    reread = _pg("r", 4, "n4", snapshot="incremental", sequence='["26389728","26389728"]')
+    in_flight = _pg("u", 4, "t1", snapshot="false", lsn=26388900, txId=737, sequence='["26391320","26388900"]')
+    earlier = _pg("u", 4, "n4", snapshot="false", lsn=26388000, txId=730, sequence='["26387000","26388000"]')
+    assert (reread["position_kind"], reread["position"]) == ("pg_lsn", f"{26389728:020d}")
+    assert in_flight["position"] == f"{26391320:020d}", "the last commit before its transaction places it, not its LSN"
+    assert earlier["position"] < reread["position"] < in_flight["position"], "the stream's order: the read replaces the first, never the last"
+    # The first transactions after a connector starts carry no last commit; an initial snapshot read neither.
+    assert _pg("r", 1, "n1", snapshot="true", lsn=26388832, sequence='[null,"26388832"]')["position"] == f"{26388832:020d}"
+    assert _pg("u", 1, "n1", lsn=26388832)["position"] == f"{26388832:020d}", "no sequence: the LSN, as before"
+
+
+def test_postgres_unreadable_sequence_is_a_dead_letter_only_when_it_is_all_there_is() -> None:
+    assert _pg("u", 1, "x", lsn=500, sequence="garbage")["position"] == f"{500:020d}"
+    dead = _pg("r", 1, "x", snapshot="incremental", sequence='["12", 13]')
+    assert dead["kind"] == "dead_letter" and dead["reason_code"] == "invalid_field" and "source.sequence" in dead["reason"]
+    huge = _pg("r", 1, "x", snapshot="incremental", sequence=f'["{2**64 - 1}", null]')
+    assert huge["kind"] == "dead_letter" and huge["reason_code"] == "out_of_range"
+    assert _pg("r", 1, "x", snapshot="incremental", sequence="[null,null]")["position_kind"] == "source_ts_fallback"
+
+
 @pytest.mark.parametrize(
     ("connector", "source", "kind"),
     [

@@ -263,24 +263,24 @@ def test_a_read_streams_its_rows_in_chunks_and_says_whose_error_it_is(monkeypatc
 
     def connect_to(cursor: FakeCursor) -> Any:
         @contextmanager
-        def fake(conn: SourceConnection) -> Any:
+        def fake(conn: SourceConnection, *, read_only: bool = True) -> Any:
             yield FakeConnection(cursor)
         return fake
 
     rows = [(i, memoryview(b"ab")) for i in range(7)]
     cursor = FakeCursor(rows)
-    monkeypatch.setattr(source_connection, "_connect", connect_to(cursor))
+    monkeypatch.setattr(source_connection, "connect", connect_to(cursor))
     got: list[list[tuple[Any, ...]]] = []
     scan = read_table_chunks(CONN, "public.accounts", lambda columns, chunk: got.append(chunk), chunk_rows=3)
     assert scan == SourceScan(pg_lsn_position("1/16B3748"), ("id", "name"), 7)
     assert [len(c) for c in got] == [3, 3, 1] and cursor.fetches == [3, 3, 1, 0]
     assert got[0][0] == (0, b"ab")  # bytes, not a view of the driver's buffer
 
-    monkeypatch.setattr(source_connection, "_connect", connect_to(FakeCursor(rows)))
+    monkeypatch.setattr(source_connection, "connect", connect_to(FakeCursor(rows)))
     with pytest.raises(ZeroDivisionError):
         read_table_chunks(CONN, "public.accounts", lambda columns, chunk: 1 / 0, chunk_rows=3)
 
-    monkeypatch.setattr(source_connection, "_connect", connect_to(FakeCursor(rows, fail_at=1)))
+    monkeypatch.setattr(source_connection, "connect", connect_to(FakeCursor(rows, fail_at=1)))
     with pytest.raises(SourceConnectionError, match="cannot read public.accounts from .*: server closed the connection unexpectedly"):
         read_table_chunks(CONN, "public.accounts", lambda columns, chunk: None, chunk_rows=3)
 

@@ -365,6 +365,60 @@ def test_a_source_connection_adds_a_scheduled_live_coverage_check(tmp_path: Path
     assert seen == [(names[0], "postgresql://reader@127.0.0.1:5432/app")]
 
 
+def test_a_failed_source_coverage_offers_its_repair_and_the_hourly_job_runs_it_with_auto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`source_repair` has a partition per table; a failed `source_coverage` names it; with `repair.auto` the hourly
+    check job (only that job) judges the check by `coverage_with_repair` (the repair itself: tests/testbed/test_repair.py)."""
+    from dagster import AssetCheckKey, AssetKey, DagsterInstance
+
+    from cdc_platform import checks
+    from cdc_platform.backfill import repair
+    from cdc_platform.checks import CheckOutcome, Severity, source_coverage
+    from cdc_platform.config import load_config
+    from dagster_project.checks import CHECK_JOB
+
+    monkeypatch.setenv("CDC_TEST_SOURCE_USER", "reader")
+    monkeypatch.setenv("CDC_TEST_SOURCE_PASSWORD", "pw")
+    workload = generate_workload(tmp_path / "w", transactions=5)
+    config = workload.config_path
+    config.write_text(config.read_text(encoding="utf-8") + "source_connection: {kind: postgresql, host: 127.0.0.1, database: app, "
+                      "user: '${CDC_TEST_SOURCE_USER}', password: '${CDC_TEST_SOURCE_PASSWORD}'}\n"
+                      "repair: {signal_table: public.debezium_signal, auto: true}\n", encoding="utf-8")
+    names = [t.name for t in load_config(config).tables]
+    defs = build_defs(config)
+    repair_asset = defs.resolve_assets_def("source_repair")
+    assert repair_asset.partitions_def.get_partition_keys() == names and repair_asset.group_names_by_key[AssetKey("source_repair")] == "backfill"
+
+    seen: list[str] = []
+
+    def failed(spark: Any, lake: Path, table: Any, connection: Any) -> CheckOutcome:
+        seen.append(f"check {table.name}")
+        return CheckOutcome(False, Severity.ERROR, f"{table.name}: 1 missing in lake", {"missing_in_lake": 1})
+
+    def repaired(spark: Any, config: Any, table: Any, **_: Any) -> CheckOutcome:
+        seen.append(f"repair {table.name}")
+        return CheckOutcome(True, Severity.ERROR, f"{table.name}: 100.00% covered; repaired", {"repair": {"outcome": "repaired"}})
+
+    monkeypatch.setattr(source_coverage, "source_coverage", failed)
+    monkeypatch.setattr(repair, "coverage_with_repair", repaired)
+    for passing in ("coverage", "completeness"):
+        monkeypatch.setattr(checks, passing, lambda *a, **k: CheckOutcome(True, Severity.ERROR, "fine", {}))
+    instance = DagsterInstance.ephemeral()
+    hourly = defs.resolve_job_def(CHECK_JOB).execute_in_process(instance=instance)
+    live = {k: e for k, e in evaluations(hourly).items() if k[1] == "source_coverage"}
+    assert {k[0] for k in live} == set(names) and all(e.passed for e in live.values())
+    assert sorted(seen) == sorted(f"repair {n}" for n in names), "the hourly job repairs; it does not run the plain check"
+    assert live[(names[0], "source_coverage")].metadata["repair"].value == {"outcome": "repaired"}
+
+    seen.clear()
+    from dagster_project.checks import platform_checks, to_result
+    from dagster_project.resources import CdcResource
+
+    check = next(c for c in platform_checks(load_config(config)) if c.key == AssetCheckKey(AssetKey(names[0]), "source_coverage"))
+    result = to_result(check.evaluate(CdcResource(config_path=str(config))), check.key)  # any other run: the plain check
+    assert not result.passed and seen == [f"check {names[0]}"]
+    assert result.metadata["repair_with"].value == f"materialise source_repair, partition {names[0]} (or run `cdc repair --table {names[0]}`)"
+
+
 def test_a_run_starts_its_jvm_as_a_short_lived_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run is one process whose JVM ends with it: the resource asks for the quick JIT tier (session.SHORT_LIVED_JVM)."""
     from cdc_platform.spark import session
