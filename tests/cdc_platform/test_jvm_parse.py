@@ -163,6 +163,23 @@ def test_lines_that_failed_a_whole_batch_of_the_python_parser(spark: Any) -> Non
     assert [(r["kind"], r["reason_code"]) for r in rows] == [("dead_letter", "out_of_range"), ("change", None), ("dead_letter", "out_of_range")]
 
 
+def test_postgresql_positions_from_the_sequence(spark: Any) -> None:
+    """Debezium PostgreSQL's `source.sequence` ([last commit LSN, LSN]) places an event that has no `lsn` (an
+    incremental snapshot's re-read row) and one whose transaction committed after an earlier one's commit."""
+    def pg(sequence: Any, lsn: Any = None) -> str:
+        source = {"connector": "postgresql", "name": "p", "db": "d", "schema": "public", "table": "t", "ts_ms": 1767225600000,
+                  "snapshot": "incremental", **({} if lsn is None else {"lsn": lsn}), **({} if sequence is None else {"sequence": sequence})}
+        return json.dumps({"op": "r", "after": {"id": 1}, "source": source, "ts_ms": 1})
+
+    sequences = ['["26389728","26389728"]', '[null,"26388832"]', '["26391320","26388900"]', '[null,null]', ' [ "1" , "2" ] ',
+                 '\u00a0["3","4"]\u2003', '["9223372036854775808","1"]', '["12", 13]', "garbage", '["1","2"]x', '["","1"]',
+                 '["123456789012345678901","1"]', 5, None, '["0001","0"]']
+    lines = [pg(s) for s in sequences] + [pg(s, lsn=26388000) for s in sequences] + [pg(s, lsn="77") for s in sequences]
+    rows = assert_same(spark, lines)
+    assert rows[0]["position"] == f"{26389728:020d}" and rows[2]["position"] == f"{26391320:020d}"
+    assert {r["reason_code"] for r in rows[: len(sequences)]} >= {"invalid_field", "out_of_range", None}
+
+
 # -- Kafka records -------------------------------------------------------------------------------------------
 
 def test_kafka_keys_values_and_origin(spark: Any) -> None:

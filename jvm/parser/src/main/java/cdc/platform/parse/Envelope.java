@@ -373,8 +373,9 @@ public final class Envelope {
 
     /** {@code _position}: the source's log order as a fixed-width text, and which rule gave it. */
     private String[] position(String connector, Map<String, Object> src, Long sourceMs, Long txOrder) throws Dead, PyWriter.TooDeep {
-        if (connector.equals("postgresql") && src.get("lsn") != null) {
-            return new String[] {pad(asInt(src.get("lsn"), "source.lsn"), 20), "pg_lsn"};
+        if (connector.equals("postgresql")) {
+            BigInteger pg = pgPosition(src);
+            if (pg != null) return new String[] {pad(pg, 20), "pg_lsn"};
         }
         if ((connector.equals("mysql") || connector.equals("mariadb")) && src.get("pos") != null) {
             Object file = src.get("file");
@@ -397,6 +398,72 @@ public final class Envelope {
             return new String[] {time + pad(asInt(src.get("ord"), "source.ord"), 10), "mongodb_oplog"};
         }
         return new String[] {pad(sourceMs == null ? 0L : sourceMs, 20) + pad(txOrder == null ? 0L : txOrder, 10), "source_ts_fallback"};
+    }
+
+    private static final BigInteger INT64_MAX = BigInteger.valueOf(Long.MAX_VALUE);
+
+    /**
+     * {@code _pg_position}: the higher of the event's {@code lsn} and the LSNs of Debezium's {@code source.sequence}
+     * (the text {@code ["<last commit LSN>","<LSN>"]}, each a decimal string or null); null when it carries neither.
+     * An incremental snapshot's re-read row has no {@code lsn}, only the sequence (envelope.py says why this is the
+     * stream's order).
+     */
+    private static BigInteger pgPosition(Map<String, Object> src) throws Dead {
+        Long lsn = asInt(src.get("lsn"), "source.lsn");
+        Object sequence = src.get("sequence");
+        if (sequence == null) return lsn == null ? null : BigInteger.valueOf(lsn);
+        String[] groups = sequence instanceof String ? sequenceGroups(PyValues.pyStrip((String) sequence)) : null;
+        if (groups == null) {
+            if (lsn != null) return BigInteger.valueOf(lsn); // an unreadable sequence beside an LSN: the LSN alone
+            throw new Dead("invalid_field", "`source.sequence` is " + PyWriter.quote(sequence, 60) + ", expected Debezium's "
+                    + "'[\"<last commit LSN>\",\"<LSN>\"]' (an event without `source.lsn` is placed by it)");
+        }
+        BigInteger highest = lsn == null ? null : BigInteger.valueOf(lsn);
+        for (String g : groups) {
+            if (g != null) {
+                BigInteger v = new BigInteger(g);
+                if (highest == null || v.compareTo(highest) > 0) highest = v;
+            }
+        }
+        if (highest != null && highest.compareTo(INT64_MAX) > 0) {
+            throw new Dead("out_of_range", "`source.sequence` holds " + highest + ", outside the signed 64-bit range");
+        }
+        return highest;
+    }
+
+    /** The two groups of {@code _PG_SEQUENCE_RE.fullmatch(text)} (null for a {@code null}), or null when it does not match. */
+    private static String[] sequenceGroups(String text) {
+        int[] at = {0};
+        String[] out = new String[2];
+        if (!expect(text, at, '[')) return null;
+        for (int k = 0; k < 2; k++) {
+            skipSpace(text, at);
+            if (text.startsWith("null", at[0])) {
+                at[0] += 4;
+            } else {
+                if (!expect(text, at, '"')) return null;
+                int start = at[0];
+                while (at[0] < text.length() && text.charAt(at[0]) >= '0' && text.charAt(at[0]) <= '9') at[0]++;
+                int n = at[0] - start;
+                if (n < 1 || n > 20 || !expect(text, at, '"')) return null;
+                out[k] = text.substring(start, start + n);
+            }
+            skipSpace(text, at);
+            if (!expect(text, at, k == 0 ? ',' : ']')) return null;
+        }
+        return at[0] == text.length() ? out : null;
+    }
+
+    private static boolean expect(String text, int[] at, char c) {
+        if (at[0] < text.length() && text.charAt(at[0]) == c) {
+            at[0]++;
+            return true;
+        }
+        return false;
+    }
+
+    private static void skipSpace(String text, int[] at) {
+        while (at[0] < text.length() && PyValues.pySpace(text.charAt(at[0]))) at[0]++;
     }
 
     /** {@code _binlog_index}: the trailing number of a binlog file name, 0 without one. */
