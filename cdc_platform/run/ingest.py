@@ -152,6 +152,8 @@ class IngestJob:
         self._last_activity = time.monotonic()
         self._last_batch_id = -1
         self.keys = KeySpec(dict(config.keys_by_source))
+        #: A micro-batch of the stream made into lines (`sources.batch_lines`: Avro records decoded; else as is).
+        self._lines = sources.batch_lines(config)
         self.idle_metrics_interval = IDLE_METRICS_INTERVAL
         self._metrics_written_at: float | None = None  # monotonic time of the last metrics row this job wrote
         self._folded = FoldedBatches()  # heartbeat-only batches whose metrics rows were folded (in memory only)
@@ -426,7 +428,7 @@ class IngestJob:
             started = _now()
             with self._batch_lock:
                 self.onboard_added_tables()
-            parsed = parse_spark.parse_lines(df, self.keys)
+            parsed = parse_spark.parse_lines(self._lines(df), self.keys)
             with self._batch_lock:
                 if self._refuse_after is not None and batch_id > self._refuse_after:
                     raise _StopRequested(f"batch {batch_id} started after the stop was asked for; it runs again on restart")
