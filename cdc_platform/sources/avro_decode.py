@@ -148,29 +148,47 @@ def _schema_id(c: Column) -> Column:
 
 
 def _decoded(name: str, decoders: dict[int, Decoder]) -> Column:
-    """The record's key or value as the JSON converter's text, null when it does not decode (or has no usable id)."""
+    """The record's key or value as the JSON converter's text (one branch per schema id of the batch), null
+    without a usable id; what `from_avro` answered bytes that do not decode with is told apart by `_failed`."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    c = F.col(name)
-    body = F.expr(f"substring(`{name}`, 6)")
-    schema_id = _schema_id(c)
+    schema_id = _schema_id(F.col(name))
     out: Column | None = None
     for i, d in sorted(decoders.items()):
         if d.prefix is None or d.reader is None:
             continue
-        decoded = from_avro(body, d.reader, {"mode": "PERMISSIVE"})
-        if d.wrapped:  # {"v":<value>} -> <value>
-            inner = F.to_json(F.struct(decoded.alias("v")), {"ignoreNullFields": "false"})
-            payload = inner.substr(F.lit(6), F.length(inner) - 6)
+        decoded = from_avro(_body(name), d.reader, {"mode": "PERMISSIVE"})
+        if d.wrapped:  # {"v":<value>} -> <value>; one reference, so the decode runs once
+            payload = F.regexp_extract(F.to_json(F.struct(decoded.alias("v")), {"ignoreNullFields": "false"}), r'(?s)^\{"v":(.*)\}$', 1)
         else:
             payload = F.to_json(decoded, {"ignoreNullFields": "false"})
-        failed = F.coalesce(payload, F.lit(d.failed_payload)) == d.failed_payload
-        if d.null_encoding is not None:
-            failed = failed & (body != F.lit(bytearray(d.null_encoding)))
-        text = F.when(~failed, F.concat(F.lit(d.prefix), payload, F.lit("}")))
+        text = F.concat(F.lit(d.prefix), payload, F.lit("}"))
         out = F.when(schema_id == i, text) if out is None else out.when(schema_id == i, text)
     return out if out is not None else F.lit(None).cast("string")
+
+
+def _body(name: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.expr(f"substring(`{name}`, 6)")
+
+
+def _failed(name: str, text: Column, decoders: dict[int, Decoder]) -> Column:
+    """Whether `text` (a column `_decoded` made, so each record is decoded once) is `from_avro`'s answer to
+    bytes that do not decode: its failure payload, unless the bytes are the one encoding of that value."""
+    from pyspark.sql import functions as F
+
+    schema_id = _schema_id(F.col(name))
+    out: Column = F.lit(False)
+    for i, d in sorted(decoders.items()):
+        if d.prefix is None:
+            continue
+        failed = F.coalesce(text, F.lit("")) == F.lit(d.prefix + d.failed_payload + "}")
+        if d.null_encoding is not None:
+            failed = failed & (_body(name) != F.lit(bytearray(d.null_encoding)))
+        out = F.when(schema_id == i, failed).otherwise(out)
+    return out
 
 
 def lines(records: DataFrame, decoders: dict[int, Decoder], registry_url: str) -> DataFrame:
@@ -178,8 +196,13 @@ def lines(records: DataFrame, decoders: dict[int, Decoder], registry_url: str) -
     from pyspark.sql import functions as F
 
     key, value = F.col(RECORD_KEY_COLUMN), F.col("value")
+    # Two projections: the texts are made once each, and only read by what follows (Spark does not merge
+    # a projection into the next when that would run a costly expression twice).
     decoded = records.select(
-        "*", _decoded("value", decoders).alias("_value_text"), _decoded(RECORD_KEY_COLUMN, decoders).alias("_key_text"))
+        "*", _decoded("value", decoders).alias("_value_made"), _decoded(RECORD_KEY_COLUMN, decoders).alias("_key_made"))
+    decoded = decoded.select(
+        "*", *(F.when(~_failed(c, F.col(f"_{side}_made"), decoders), F.col(f"_{side}_made")).alias(f"_{side}_text")
+               for side, c in (("value", "value"), ("key", RECORD_KEY_COLUMN))))
     usable = [i for i, d in decoders.items() if d.problem is None]
     problems = {i: d.problem for i, d in decoders.items() if d.problem is not None}
 

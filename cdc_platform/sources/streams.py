@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 
 #: Every column a source may deliver, in order; files deliver the first two.
 LINE_COLUMNS: tuple[str, ...] = ("value", "source_file")
-INPUT_COLUMNS: tuple[str, ...] = (*LINE_COLUMNS, RECORD_KEY_COLUMN, *KAFKA_ORIGIN_COLUMNS, REJECT_CODE, REJECT_REASON)
+#: What the Kafka stream delivers (`format: avro` makes each micro-batch of it into these plus the reject columns).
+KAFKA_COLUMNS: tuple[str, ...] = (*LINE_COLUMNS, RECORD_KEY_COLUMN, *KAFKA_ORIGIN_COLUMNS)
+INPUT_COLUMNS: tuple[str, ...] = (*KAFKA_COLUMNS, REJECT_CODE, REJECT_REASON)
 
 
 def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
