@@ -4,6 +4,10 @@ Kafka's settings are checked when the config loads, so a typo or a setting Spark
 fails with the entry's name before any Spark starts; consumer settings pass through as `kafka.*` options,
 with `${VAR}`s taken from the environment (secrets stay out of the file). `config.PlatformConfig` holds
 the result as its `source`.
+
+A Kafka source reads Debezium's JSON converter output (`format: json`, the default) or Avro in a schema
+registry's wire format (`format: avro` with `schema_registry_url`, the registry's Confluent-compatible
+API); the registry's basic-auth user and password can only be `${VAR}` references to the environment.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_platform.errors import ConfigError
@@ -20,8 +24,9 @@ from cdc_platform.errors import ConfigError
 SOURCE_KINDS = ("files", "kafka")
 _KAFKA_KEYS = {
     "kind", "bootstrap_servers", "topics", "subscribe_pattern", "starting_offsets", "max_offsets_per_trigger",
-    "fail_on_data_loss", "options",
+    "fail_on_data_loss", "options", "format", "schema_registry_url", "schema_registry_user", "schema_registry_password",
 }
+FORMATS = ("json", "avro")
 #: Kafka records per micro-batch, the counterpart of `config.DEFAULT_MAX_FILES_PER_TRIGGER` (same reasoning).
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 500_000
 #: Consumer settings Spark's Kafka source owns (it refuses them, or they would break its offset tracking).
@@ -35,6 +40,17 @@ _KAFKA_OWNED_OPTIONS = {
 }
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-]{1,249}$")
 _ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_WHOLE_ENV_REF_RE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_URL_RE = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+
+
+@dataclass(frozen=True)
+class SchemaRegistryConfig:
+    """Where `format: avro` looks schema ids up: a Confluent-compatible API's base URL (before `/schemas`)."""
+
+    url: str
+    user: str | None = None  # basic auth, from the environment only
+    password: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,9 @@ class KafkaSourceConfig:
     fail_on_data_loss: bool = True
     #: Pass-through `kafka.*` consumer options (security settings and the like), `${VAR}`s already expanded.
     options: tuple[tuple[str, str], ...] = ()
+    #: How record values and keys are written: Debezium's JSON converter, or Avro with a schema registry.
+    format: str = "json"  # one of FORMATS
+    schema_registry: SchemaRegistryConfig | None = None  # set exactly when format is "avro"
 
     def spark_options(self) -> dict[str, str]:
         """The options of `spark.readStream.format("kafka")`, by Spark's names."""
@@ -67,7 +86,8 @@ class KafkaSourceConfig:
 
     def describe(self) -> str:
         what = f"pattern {self.subscribe_pattern}" if self.subscribe_pattern is not None else "topics " + ", ".join(self.topics)
-        return f"kafka {self.bootstrap_servers} ({what})"
+        avro = f", avro with {self.schema_registry.url}" if self.schema_registry is not None else ""
+        return f"kafka {self.bootstrap_servers} ({what}{avro})"
 
 
 @dataclass(frozen=True)
@@ -151,10 +171,44 @@ def _parse_kafka(raw: Mapping[str, Any], where: str, environ: Mapping[str, str])
         if not isinstance(val, (str, int, float)):
             raise ConfigError(f"{entry}.options.{name} must be a string or number, got {type(val).__name__}")
         resolved.append((name, _expand_env(str(val), f"{entry}.options.{name}", environ)))
+    fmt = raw.get("format", "json")
+    if fmt not in FORMATS:
+        raise ConfigError(f"{entry}.format must be one of {', '.join(FORMATS)} (how the connector's converter writes records), got {fmt!r}")
     return KafkaSourceConfig(
         bootstrap_servers=servers.strip(), topics=topic_tuple, subscribe_pattern=pattern, starting_offsets=starting,
         max_offsets_per_trigger=max_offsets, fail_on_data_loss=fail, options=tuple(resolved),
+        format=fmt, schema_registry=_schema_registry(raw, fmt, entry, environ),
     )
+
+
+def _schema_registry(raw: Mapping[str, Any], fmt: str, entry: str, environ: Mapping[str, str]) -> SchemaRegistryConfig | None:
+    """`schema_registry_url` (and its optional basic auth) for `format: avro`; refused with `format: json`."""
+    url = raw.get("schema_registry_url")
+    given = [k for k in ("schema_registry_url", "schema_registry_user", "schema_registry_password") if k in raw]
+    if fmt != "avro":
+        if given:
+            raise ConfigError(f"{entry}.{given[0]} applies to `format: avro` only (records in a schema registry's wire format)")
+        return None
+    if not isinstance(url, str) or not _URL_RE.match(url.strip()):
+        raise ConfigError(f"{entry}.schema_registry_url is required with `format: avro`: the registry's Confluent-compatible "
+                          f"API, such as http://registry:8081 (Apicurio: http://host:8080/apis/ccompat/v7), got {url!r}")
+    user, password = raw.get("schema_registry_user"), raw.get("schema_registry_password")
+    if (user is None) != (password is None):
+        raise ConfigError(f"{entry}: set both schema_registry_user and schema_registry_password (basic auth), or neither")
+
+    def secret(name: str, value: Any) -> str:
+        m = _WHOLE_ENV_REF_RE.match(value) if isinstance(value, str) else None
+        if m is None:
+            raise ConfigError(f"{entry}.{name} must come from the environment, written as '${{VAR}}' (e.g. '${{CDC_{name.upper()}}}'); "
+                              "credentials are never kept in the config file")
+        if m.group(1) not in environ:
+            raise ConfigError(f"{entry}.{name} refers to ${{{m.group(1)}}}, which is not set in the environment; export it before starting")
+        return environ[m.group(1)]
+
+    if user is None:
+        return SchemaRegistryConfig(url=url.strip().rstrip("/"))
+    return SchemaRegistryConfig(url=url.strip().rstrip("/"), user=secret("schema_registry_user", user),
+                                password=secret("schema_registry_password", password))
 
 
 def _starting_offsets(value: Any, entry: str) -> str:

@@ -24,6 +24,11 @@ KAFKA_ORIGIN = (
 KAFKA_ORIGIN_COLUMNS = tuple(f.name for f in KAFKA_ORIGIN)
 #: The Kafka record's key beside its value (JSON text), when the lines are Kafka records (`sources.py`).
 RECORD_KEY_COLUMN = "kafka_key"
+#: A record the source could not make a line of (an Avro record whose schema id the registry does not
+#: know, or whose bytes do not decode: `sources/avro_decode.py`): its dead-letter code and reason, beside
+#: the record's bytes in base64 as the line. Null for every line that is one.
+REJECT_CODE = "reject_code"
+REJECT_REASON = "reject_reason"
 
 RAW_CHANGE_EVENTS = pa.schema(
     [

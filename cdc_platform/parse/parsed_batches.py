@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from cdc_platform.lake import schemas
 from cdc_platform.parse.envelope import KeySpec, parse_bytes, parse_line, parse_lines
-from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, PARSED, RECORD_KEY_COLUMN
+from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, PARSED, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
 from cdc_platform.stages.stage import ParsedBatch
 
 #: The keys of each kind of row `parse_line` returns, in its order. `rows_to_batch` relies on them only
@@ -82,7 +82,9 @@ def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Ite
 
     Lines from Kafka carry more columns (`sources.py`): the record key (`RECORD_KEY_COLUMN`), used as a
     file dump's key is, and the record's origin (`schemas.KAFKA_ORIGIN_COLUMNS`), copied to the output
-    row as it is. Any other column is ignored, and without them the origin columns are null.
+    row as it is. Any other column is ignored, and without them the origin columns are null. A record
+    the source rejected (`schemas.REJECT_CODE`: an Avro record it could not decode) is not parsed: it
+    is a dead letter with the source's code and reason, its value (base64) as the line.
 
     The cyclic garbage collector is paused while a batch is parsed: parsing creates no cycles, but
     its thousands of live dicts made the collector's repeated full scans a large share of the time.
@@ -91,19 +93,36 @@ def parse_arrow_batches(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Ite
         files = batch.column("source_file").to_pylist()
         names = batch.schema.names
         record_keys = _record_keys(batch.column(RECORD_KEY_COLUMN)) if RECORD_KEY_COLUMN in names else None
+        rejects = _rejects(batch) if REJECT_CODE in names else {}
         was_enabled = gc.isenabled()
         gc.disable()
         try:
             try:
-                rows = parse_lines(batch.column("value").to_pylist(), files, keys, record_keys)
+                values = batch.column("value").to_pylist()
+                for i in rejects:
+                    values[i] = None  # not parsed: its row is the dead letter below
+                rows = parse_lines(values, files, keys, record_keys)
             except UnicodeDecodeError:  # Spark's text source (and a Kafka value cast to string) passes bytes through unchecked
                 raw = batch.column("value").cast(pa.binary()).to_pylist()
-                rows = [_tombstone_or_bytes(b, f, keys, k) for b, f, k in zip(raw, files, record_keys or [None] * len(raw))]
+                rows = [_tombstone_or_bytes(None if i in rejects else b, f, keys, k)
+                        for i, (b, f, k) in enumerate(zip(raw, files, record_keys or [None] * len(raw)))]
+            for i, (code, reason) in rejects.items():
+                rows[i] = {"kind": "dead_letter", "line": batch.column("value")[i].as_py(), "source_file": files[i],
+                           "reason_code": code, "reason": reason, "table_id": None}
             out = rows_to_batch(rows)
         finally:
             if was_enabled:
                 gc.enable()
         yield _with_origin(out, batch)
+
+
+def _rejects(batch: pa.RecordBatch) -> dict[int, tuple[str, str]]:
+    """Row index -> (code, reason) of the records the source could not make lines of."""
+    codes = batch.column(REJECT_CODE)
+    if codes.null_count == len(codes):
+        return {}
+    reasons = batch.column(REJECT_REASON).to_pylist() if REJECT_REASON in batch.schema.names else [None] * len(codes)
+    return {i: (code, reasons[i] or code) for i, code in enumerate(codes.to_pylist()) if code is not None}
 
 
 def _record_keys(column: pa.Array) -> list[str | None]:

@@ -127,6 +127,8 @@ class IngestJob:
         self._lock = threading.Lock()
         self.gate = BatchGate()  # an ingest batch and a stop never interleave
         self.keys = KeySpec(dict(config.keys_by_source))
+        #: A micro-batch of the stream made into lines (`sources.batch_lines`: Avro records decoded; else as is).
+        self._lines = sources.batch_lines(config)
         self.idle_metrics_interval = IDLE_METRICS_INTERVAL
         self._metrics_written_at: float | None = None  # monotonic time of the last metrics row this job wrote
         self._folded = FoldedBatches()  # heartbeat-only batches whose metrics rows were folded (in memory only)
@@ -351,7 +353,7 @@ class IngestJob:
             started = _now()
             with self.gate.lock:
                 self.onboard_added_tables()
-            parsed = parse_spark.parse_lines(df, self.keys)
+            parsed = parse_spark.parse_lines(self._lines(df), self.keys)
             with self.gate.lock, spark_jobs.in_pool("ingest"):
                 self.gate.check(batch_id)
                 report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)

@@ -9,10 +9,14 @@ the same columns:
 | `source_file` (string) | the file's path | `kafka:<topic>/<partition>@<offset>`: dead letters and markers, which have no Kafka columns, still name the record |
 | `kafka_key` (string) | - | the record's key as JSON text: the file dump's `{"key": ...}`, naming the row of a delete without `before` |
 | `kafka_topic`, `kafka_partition`, `kafka_offset` | - | the record's origin, kept in the raw log (null there for files) |
+| `reject_code`, `reject_reason` (string) | - | `format: avro` only: why the record is no line (its schema id unknown to the registry, its bytes not Avro); the parser dead-letters it with these, `value` then holds its bytes in base64 |
 
 The Kafka stream goes through Spark's Kafka connector (`format("kafka")`, jars from `jvm/jars/`).
-Values and keys are bytes in Kafka; they are cast to string without a UTF-8 check, as Spark's text
-source passes file bytes, and the parser dead-letters a value that is not UTF-8 (`not_utf8`).
+Values and keys are bytes in Kafka. With `format: json` they are cast to string without a UTF-8 check,
+as Spark's text source passes file bytes, and the parser dead-letters a value that is not UTF-8
+(`not_utf8`). With `format: avro` the stream keeps them as bytes, and each micro-batch is made into
+lines by `batch_lines` (`avro_decode.AvroLines`: the schema registry's ids looked up on the driver, the
+records decoded on the executors) before the parser sees it.
 
 Exactly once: Spark records each micro-batch's offset ranges per partition in the checkpoint before
 the batch runs, so a restart replays an unfinished batch with the same records and continues after
@@ -24,19 +28,22 @@ at the earliest offset, whatever `starting_offsets` says).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.config_source import KafkaSourceConfig
 from cdc_platform.errors import CdcError, ConfigError
-from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN
+from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 #: Every column a source may deliver, in order; files deliver the first two.
 LINE_COLUMNS: tuple[str, ...] = ("value", "source_file")
-INPUT_COLUMNS: tuple[str, ...] = (*LINE_COLUMNS, RECORD_KEY_COLUMN, *KAFKA_ORIGIN_COLUMNS)
+#: What the Kafka stream delivers (`format: avro` makes each micro-batch of it into these plus the reject columns).
+KAFKA_COLUMNS: tuple[str, ...] = (*LINE_COLUMNS, RECORD_KEY_COLUMN, *KAFKA_ORIGIN_COLUMNS)
+INPUT_COLUMNS: tuple[str, ...] = (*KAFKA_COLUMNS, REJECT_CODE, REJECT_REASON)
 
 
 def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
@@ -44,6 +51,23 @@ def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
     if config.source.kafka is not None:
         return kafka_stream(spark, config.source.kafka)
     return file_stream(spark, config)
+
+
+def batch_lines(config: PlatformConfig) -> Callable[[DataFrame], DataFrame]:
+    """What makes one micro-batch of `stream` into lines: nothing for files and JSON topics, the Avro
+    decoder (with its schema registry client, which keeps the schemas it has read) for Avro topics."""
+    kafka = config.source.kafka
+    if kafka is None or kafka.schema_registry is None:
+        return _as_is
+    from cdc_platform.sources.avro_decode import AvroLines
+    from cdc_platform.sources.schema_registry import SchemaRegistry
+
+    reg = kafka.schema_registry
+    return AvroLines(SchemaRegistry(reg.url, user=reg.user, password=reg.password))
+
+
+def _as_is(lines: DataFrame) -> DataFrame:
+    return lines
 
 
 def file_stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
@@ -63,18 +87,20 @@ def file_stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
 
 
 def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig) -> DataFrame:
-    """The Kafka records of the configured topics (or pattern), one row per record."""
+    """The Kafka records of the configured topics (or pattern), one row per record (keys and values as
+    bytes for `format: avro`, which `batch_lines` decodes per micro-batch)."""
     from pyspark.sql import functions as F
 
     reader = spark.readStream.format("kafka")
     for name, value in kafka.spark_options().items():
         reader = reader.option(name, value)
     records = reader.load()
+    text = kafka.format != "avro"
     return records.select(
-        F.col("value").cast("string").alias("value"),
+        (F.col("value").cast("string") if text else F.col("value")).alias("value"),
         F.concat(F.lit("kafka:"), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
                  F.col("offset").cast("string")).alias("source_file"),
-        F.col("key").cast("string").alias(RECORD_KEY_COLUMN),
+        (F.col("key").cast("string") if text else F.col("key")).alias(RECORD_KEY_COLUMN),
         F.col("topic").alias("kafka_topic"),
         F.col("partition").cast("int").alias("kafka_partition"),
         F.col("offset").cast("long").alias("kafka_offset"),

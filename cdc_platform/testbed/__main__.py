@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -16,6 +17,7 @@ from cdc_platform.testbed.errors import TestbedError
 from cdc_platform.testbed.stack import Stack, read_state, state_status, stop_state
 
 DEFAULT_DIR = install.REPO / ".stack"
+AVRO_CONVERTER_FILE = "avro-converter.json"
 
 
 def _print_endpoints(state: dict, state_dir: Path) -> None:
@@ -24,6 +26,8 @@ def _print_endpoints(state: dict, state_dir: Path) -> None:
     print(f"  Kafka Connect     {ep['connect']}   (REST: curl {ep['connect']}/connectors)")
     print(f"  PostgreSQL        {ep['postgres']}   (wal_level=logical; superuser postgres/postgres)")
     print(f"  MariaDB           {ep['mariadb']}   (binlog ROW, FULL images, GTIDs)")
+    print(f"  schema registry   {ep['schema_registry']}   (Apicurio, Confluent-compatible API; Avro converter settings: "
+          f"{state_dir / AVRO_CONVERTER_FILE})")
     print(f"  folder            {state['root']}   (logs: */*.log)")
     print(f"  shell variables   . {state_dir / 'env'}   (then: psql; mariadb -u cdc cdc)")
 
@@ -40,8 +44,11 @@ def _write_env(state: dict, state_dir: Path) -> None:
         f"export PGPORT={ports['postgres']}",
         "export PGUSER=cdc PGPASSWORD=cdc PGDATABASE=cdc",
         f"export MYSQL_HOST=127.0.0.1 MYSQL_TCP_PORT={ports['mariadb']} MYSQL_PWD=cdc",
+        f"export CDC_SCHEMA_REGISTRY_URL={ep['schema_registry']}",
     ]
     (state_dir / "env").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # What a connector's config takes to write Avro to the bed's registry (the README's Avro walkthrough merges it).
+    (state_dir / AVRO_CONVERTER_FILE).write_text(json.dumps(state["avro_converter"], indent=2) + "\n", encoding="utf-8")
 
 
 def cmd_start(state_dir: Path) -> int:
@@ -55,10 +62,10 @@ def cmd_start(state_dir: Path) -> int:
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
     (state_dir / ".gitignore").write_text("*\n", encoding="utf-8")
-    print("test bed: starting Kafka (KRaft), Kafka Connect + Debezium, PostgreSQL, MariaDB ...", flush=True)
+    print("test bed: starting Kafka (KRaft), Kafka Connect + Debezium, PostgreSQL, MariaDB, a schema registry ...", flush=True)
     stack = Stack.start(state_dir / "run", die_with_parent=False)
     state = stack.to_state()
-    state_file.write_text(__import__("json").dumps(state, indent=2) + "\n", encoding="utf-8")
+    state_file.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     _write_env(state, state_dir)
     print(f"test bed: up in {stack.timings['total']:.0f} s (jars and packages: {stack.timings['install']:.0f} s)")
     _print_endpoints(state, state_dir)

@@ -2,7 +2,8 @@
 
 * JVM side: `jvm/testbed/pom.xml` resolved by the machine's `mvn` (Maven Central) into
   `jvm/testbed/target/` (gitignored): `kafka-libs/` for the broker and Kafka Connect, `plugins/<name>/` for
-  Debezium's connectors. A stamp holding a hash of the poms says the folder is complete.
+  Debezium's connectors and Apicurio's Avro converter, and Apicurio Registry's distribution zip, unpacked
+  into `apicurio-registry/`. A stamp holding a hash of the poms says the folder is complete.
 * Databases: PostgreSQL and MariaDB servers from Debian's packages (`postgresql`, `mariadb-server`),
   installed with apt-get when their programs are missing and this process is root.
 
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,13 @@ JVM_DIR = REPO / "jvm" / "testbed"
 TARGET = JVM_DIR / "target"
 KAFKA_LIBS = TARGET / "kafka-libs"
 PLUGINS = TARGET / "plugins"
-PLUGIN_NAMES = ("debezium-postgres", "debezium-mariadb")
+PLUGIN_NAMES = ("debezium-postgres", "debezium-mariadb", "apicurio-converter")
+REGISTRY_DIST = TARGET / "apicurio-registry-dist"  # the zip as Maven copied it
+REGISTRY_HOME = TARGET / "apicurio-registry"  # unpacked: <name>-runner.jar and lib/
+#: Apicurio's converter jars carry no ServiceLoader manifest, which Connect's `plugin.discovery=service_load`
+#: needs to find a plugin (KIP-898); the bed adds one, as Kafka's `connect-plugin-path sync-manifests` would.
+CONVERTER_CLASSES = ("io.apicurio.registry.utils.converter.AvroConverter",)
+CONVERTER_MANIFEST = PLUGINS / "apicurio-converter" / "cdc-testbed-service-manifest.jar"
 STAMP = TARGET / ".resolved"
 MVN_LOG = TARGET / "mvn.log"
 APT_LOG = TARGET / "apt.log"
@@ -73,7 +81,30 @@ def jars_ready() -> bool:
         and STAMP.read_text(encoding="utf-8").strip() == _poms_hash()
         and any(KAFKA_LIBS.glob("kafka_2.13-*.jar"))
         and all(any((PLUGINS / name).glob("*.jar")) for name in PLUGIN_NAMES)
+        and CONVERTER_MANIFEST.is_file()
+        and registry_runner() is not None
     )
+
+
+def registry_runner() -> Path | None:
+    """Apicurio Registry's runner jar, once unpacked."""
+    found = sorted(REGISTRY_HOME.glob("*-runner.jar"))
+    return found[0] if found and (REGISTRY_HOME / "lib").is_dir() else None
+
+
+def _unpack_registry() -> None:
+    zips = sorted(REGISTRY_DIST.glob("*.zip"))
+    if not zips:
+        raise TestbedError(f"test bed: Maven copied no Apicurio Registry zip into {REGISTRY_DIST} (log: {MVN_LOG})")
+    shutil.rmtree(REGISTRY_HOME, ignore_errors=True)
+    with zipfile.ZipFile(zips[0]) as dist:
+        dist.extractall(REGISTRY_HOME)
+    shutil.rmtree(REGISTRY_DIST)  # 142 MB, and Maven's local repository keeps a copy
+
+
+def _write_converter_manifest() -> None:
+    with zipfile.ZipFile(CONVERTER_MANIFEST, "w") as jar:
+        jar.writestr("META-INF/services/org.apache.kafka.connect.storage.Converter", "".join(c + "\n" for c in CONVERTER_CLASSES))
 
 
 def _first_error(log: str) -> str:
@@ -94,8 +125,8 @@ def ensure_jars() -> None:
         mvn = shutil.which("mvn")
         if mvn is None:
             raise TestbedError("test bed: Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven)")
-        shutil.rmtree(KAFKA_LIBS, ignore_errors=True)
-        shutil.rmtree(PLUGINS, ignore_errors=True)
+        for folder in (KAFKA_LIBS, PLUGINS, REGISTRY_DIST, REGISTRY_HOME):
+            shutil.rmtree(folder, ignore_errors=True)
         TARGET.mkdir(parents=True, exist_ok=True)
         # -U: a "not found" cached by an earlier attempt (a registry that refused an artifact that day)
         # would otherwise stick until Maven's update interval passes.
@@ -104,9 +135,11 @@ def ensure_jars() -> None:
         MVN_LOG.write_text(proc.stdout + proc.stderr, encoding="utf-8")
         if proc.returncode != 0:
             raise TestbedError(f"test bed: Maven could not resolve jvm/testbed: {_first_error(proc.stdout + proc.stderr)} (log: {MVN_LOG})")
+        _unpack_registry()
+        _write_converter_manifest()
         STAMP.write_text(_poms_hash() + "\n", encoding="utf-8")
         if not jars_ready():
-            raise TestbedError(f"test bed: Maven finished but {TARGET} lacks the broker or a connector's jars (log: {MVN_LOG})")
+            raise TestbedError(f"test bed: Maven finished but {TARGET} lacks the broker's, a plugin's or the registry's jars (log: {MVN_LOG})")
 
 
 def _find_pg_bin(name: str) -> str | None:

@@ -1,5 +1,6 @@
 """Apache Kafka broker (KRaft, one node acting as broker and controller) and Kafka Connect (distributed
-mode, JSON converter with schemas, Debezium's connectors on its plugin path), both from the jars that
+mode, JSON converter with schemas by default, Debezium's connectors and Apicurio's Avro converter on its
+plugin path), both from the jars that
 `install.ensure_jars` resolved; plus a Connect REST client and a small consumer for tests."""
 
 from __future__ import annotations
@@ -225,13 +226,17 @@ class Connect:
         status, body = self.request("GET", "/connector-plugins", timeout=5)
         return {p["class"] for p in body} if status == 200 else set()
 
+    def converters(self) -> set[str]:
+        status, body = self.request("GET", "/connector-plugins?connectorsOnly=false", timeout=5)
+        return {p["class"] for p in body if p.get("type") == "converter"} if status == 200 else set()
+
     def healthy(self) -> bool:
-        """REST answers, the worker has joined its group (listing connectors works) and both Debezium
-        connectors are loaded."""
+        """REST answers, the worker has joined its group (listing connectors works), both Debezium
+        connectors are loaded and so is Apicurio's Avro converter."""
         if not port_open(self.port):
             return False
         status, _ = self.request("GET", "/connectors", timeout=5)
-        return status == 200 and {POSTGRES_CONNECTOR, MARIADB_CONNECTOR} <= self.plugins()
+        return status == 200 and {POSTGRES_CONNECTOR, MARIADB_CONNECTOR} <= self.plugins() and AVRO_CONVERTER in self.converters()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         assert self.service is not None
@@ -277,6 +282,7 @@ class Connect:
             raise TestbedError(f"test bed: could not delete connector {name!r}: HTTP {code}: {_message(body)}")
 
 
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 MARIADB_CONNECTOR = "io.debezium.connector.mariadb.MariaDbConnector"
 

@@ -1,8 +1,8 @@
-"""The whole test bed: Kafka broker, Kafka Connect with Debezium, PostgreSQL and MariaDB, started
-together on run-time loopback ports and stopped together.
+"""The whole test bed: Kafka broker, Kafka Connect with Debezium, PostgreSQL, MariaDB and a schema
+registry (Apicurio), started together on run-time loopback ports and stopped together.
 
-Start order: the three independent set-ups (broker storage format, initdb, mariadb-install-db) run in
-parallel; the three servers are launched, Connect follows as soon as the broker answers, and every
+Start order: the independent set-ups (broker storage format, initdb, mariadb-install-db) run in
+parallel; the servers are launched, Connect follows as soon as the broker answers, and every
 service is health-checked with a real request before `Stack.start` returns. Any failure stops whatever
 had started and raises `TestbedError` (one line)."""
 
@@ -27,6 +27,7 @@ from cdc_platform.testbed import install
 from cdc_platform.testbed.databases import DATABASE, PASSWORD, USER, MariaDB, Postgres
 from cdc_platform.testbed.kafka import MARIADB_CONNECTOR, POSTGRES_CONNECTOR, Broker, Connect
 from cdc_platform.testbed.process import HOST, Service, free_ports, group_alive, stop_group
+from cdc_platform.testbed.registry import Registry
 
 DIR_ENV = "CDC_TESTBED_DIR"  # parent folder for the fixtures' test beds (default: the system temp dir)
 KEEP_ENV = "CDC_TESTBED_KEEP"  # set to 1: leave a test bed's folder (logs, data) behind after stopping
@@ -39,6 +40,7 @@ class Stack:
     connect: Connect
     postgres: Postgres
     mariadb: MariaDB
+    registry: Registry
     timings: dict[str, float] = field(default_factory=dict)
     _die_with_parent: bool = field(default=True, repr=False)
     _stopped: bool = field(default=False, repr=False)
@@ -59,7 +61,7 @@ class Stack:
             root = Path(tempfile.mkdtemp(prefix="cdc-testbed-", dir=parent))
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o755)
-        broker_port, controller_port, connect_port, pg_port, maria_port = free_ports(5)
+        broker_port, controller_port, connect_port, pg_port, maria_port, registry_port = free_ports(6)
         broker = Broker(root / "kafka", broker_port, controller_port, java=programs.java)
         stack = cls(
             root=root,
@@ -67,6 +69,7 @@ class Stack:
             connect=Connect(root / "connect", connect_port, broker.bootstrap, java=programs.java),
             postgres=Postgres(root / "postgres", pg_port, programs.initdb, programs.postgres, user=programs.postgres_user),
             mariadb=MariaDB(root / "mariadb", maria_port, programs.mariadb_install_db, programs.mariadbd, user=programs.mariadb_user),
+            registry=Registry(root / "registry", registry_port, java=programs.java),
         )
         stack.timings["install"] = t_installed - t0
         stack._die_with_parent = die_with_parent
@@ -83,7 +86,7 @@ class Stack:
     def _start(self, die_with_parent: bool) -> None:
         t = time.monotonic()
         with ThreadPoolExecutor(max_workers=4) as pool:
-            jobs = [pool.submit(s.prepare) for s in (self.broker, self.postgres, self.mariadb, self.connect)]
+            jobs = [pool.submit(s.prepare) for s in (self.broker, self.postgres, self.mariadb, self.connect, self.registry)]
             errors = [job.exception() for job in jobs]
         for error in errors:
             if error is not None:
@@ -94,6 +97,7 @@ class Stack:
         self.broker.launch(die_with_parent)
         self.postgres.launch(die_with_parent)
         self.mariadb.launch(die_with_parent)
+        self.registry.launch(die_with_parent)
         self.broker.wait_ready()
         self.timings["broker"] = time.monotonic() - t
         self.connect.launch(die_with_parent)
@@ -103,15 +107,18 @@ class Stack:
         self.timings["mariadb"] = time.monotonic() - t
         self.connect.wait_ready()
         self.timings["connect"] = time.monotonic() - t
+        self.registry.wait_ready()
+        self.timings["registry"] = time.monotonic() - t
 
     # -- faults ------------------------------------------------------------------------------------------
     def restart(self, service: str, timeout: float = 120.0, *, kill: bool = False) -> float:
         """Stop one service (its whole process group, politely, or with `kill` by SIGKILL as a crash would)
         and start it again on the same port with the same data; returns the seconds it took. `service`:
-        "connect", "broker", "postgres", "mariadb".
+        "connect", "broker", "postgres", "mariadb", "registry" (its schemas stay: the store is a file).
         Connect's connectors come back by themselves (distributed mode keeps configs and offsets in Kafka).
         Call from the thread that started the bed (the parent-death signal follows that thread)."""
-        part = {"connect": self.connect, "broker": self.broker, "postgres": self.postgres, "mariadb": self.mariadb}[service]
+        part = {"connect": self.connect, "broker": self.broker, "postgres": self.postgres, "mariadb": self.mariadb,
+                "registry": self.registry}[service]
         assert part.service is not None
         t = time.monotonic()
         part.service.stop(kill=kill)
@@ -121,7 +128,8 @@ class Stack:
 
     # -- stop --------------------------------------------------------------------------------------------
     def services(self) -> list[Service]:
-        return [s for s in (self.connect.service, self.broker.service, self.mariadb.service, self.postgres.service) if s is not None]
+        return [s for s in (self.connect.service, self.broker.service, self.mariadb.service, self.postgres.service,
+                            self.registry.service) if s is not None]
 
     def stop(self, keep: bool | None = None) -> None:
         """Stop every process group (Connect first, so connectors leave cleanly; then the rest together).
@@ -132,7 +140,7 @@ class Stack:
             self._stopped = True
         if self.connect.service is not None:
             self.connect.service.stop()
-        rest = [s for s in (self.broker.service, self.mariadb.service, self.postgres.service) if s is not None]
+        rest = [s for s in (self.broker.service, self.mariadb.service, self.postgres.service, self.registry.service) if s is not None]
         threads = [threading.Thread(target=s.stop) for s in rest]
         for thread in threads:
             thread.start()
@@ -156,6 +164,7 @@ class Stack:
             "connect": self.connect.url,
             "postgres": self.postgres.url,
             "mariadb": self.mariadb.url,
+            "schema_registry": self.registry.url,
         }
 
     def postgres_connector(self, topic_prefix: str, tables: list[str] | None = None, **overrides: Any) -> dict[str, Any]:
@@ -231,7 +240,9 @@ class Stack:
                 "connect": self.connect.port,
                 "postgres": self.postgres.port,
                 "mariadb": self.mariadb.port,
+                "schema_registry": self.registry.port,
             },
+            "avro_converter": self.registry.avro_converter_config(),
             "services": {s.name: s.state() for s in self.services()},
             "timings": {k: round(v, 1) for k, v in self.timings.items()},
         }

@@ -92,6 +92,20 @@ KAFKA = "lake: k\nsource:\n  kind: kafka\n"
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {kafka.sasl.jaas.config: '${CDC_TEST_UNSET_VAR}'}\n",
          "refers to ${CDC_TEST_UNSET_VAR}, which is not set in the environment"),
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {kafka.x: [1]}\n", "must be a string or number"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  format: protobuf\n", "source.format must be one of json, avro"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  format: avro\n", "schema_registry_url is required with `format: avro`"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  format: avro\n  schema_registry_url: registry:8081\n",
+         "schema_registry_url is required with `format: avro`"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  schema_registry_url: http://r:1\n",
+         "source.schema_registry_url applies to `format: avro` only"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  format: avro\n  schema_registry_url: http://r:1\n  schema_registry_user: u\n",
+         "set both schema_registry_user and schema_registry_password"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  format: avro\n  schema_registry_url: http://r:1\n"
+                 "  schema_registry_user: cdc\n  schema_registry_password: hunter2\n",
+         "schema_registry_user must come from the environment, written as '${VAR}'"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  format: avro\n  schema_registry_url: http://r:1\n"
+                 "  schema_registry_user: '${CDC_TEST_UNSET_VAR}'\n  schema_registry_password: '${CDC_TEST_UNSET_VAR}'\n",
+         "schema_registry_user refers to ${CDC_TEST_UNSET_VAR}, which is not set"),
     ],
 )
 def test_bad_source_config_names_the_entry_and_the_fix(tmp_path: Path, text: str, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,6 +114,30 @@ def test_bad_source_config_names_the_entry_and_the_fix(tmp_path: Path, text: str
         load_config(write(tmp_path, text))
     assert message in str(err.value)
     assert str(tmp_path / "conf" / "cdc.yaml") in str(err.value), "the message names the file"
+
+
+def test_avro_with_a_schema_registry_and_credentials_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REG_USER", "cdc")
+    monkeypatch.setenv("REG_PASSWORD", "s3cret")
+    cfg = load_config(write(tmp_path, """
+lake: lake
+source:
+  kind: kafka
+  bootstrap_servers: h:1
+  topics: [pg.public.accounts]
+  format: avro
+  schema_registry_url: http://127.0.0.1:8080/apis/ccompat/v7/
+  schema_registry_user: ${REG_USER}
+  schema_registry_password: ${REG_PASSWORD}
+"""))
+    kafka = cfg.source.kafka
+    assert kafka.format == "avro"
+    assert (kafka.schema_registry.url, kafka.schema_registry.user, kafka.schema_registry.password) == (
+        "http://127.0.0.1:8080/apis/ccompat/v7", "cdc", "s3cret")
+    assert "s3cret" not in repr(cfg) and "avro with http://127.0.0.1:8080/apis/ccompat/v7" in cfg.describe_source()
+    assert not any("registry" in name for name in kafka.spark_options()), "nothing of it reaches Spark's Kafka options"
+    plain = parse_source({"kind": "kafka", "bootstrap_servers": "h:1", "topics": ["t"]}, "x")
+    assert plain.kafka.format == "json" and plain.kafka.schema_registry is None
 
 
 def test_a_files_source_still_needs_its_landing(tmp_path: Path) -> None:

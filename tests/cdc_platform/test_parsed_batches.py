@@ -60,3 +60,22 @@ def test_split_parsed_shapes_each_kind_to_its_table_and_keeps_the_first_of_each_
     assert set(batch.events.column("ingested_at").to_pylist()) == {at} == set(batch.markers.column("ingested_at").to_pylist())
     dead = batch.dead_letters.to_pylist()
     assert [(d["line"], d["stage"], d["batch_id"], d["reason_code"]) for d in dead] == [("{", "ingest", 7, "not_json")]
+
+
+def test_a_record_the_source_rejected_is_a_dead_letter_with_its_code_and_bytes() -> None:
+    """`reject_code`/`reject_reason` (an Avro record that did not decode): not parsed, dead-lettered as the
+    source says, also in a batch whose other lines take the non-UTF-8 path."""
+    from cdc_platform.lake.schemas import REJECT_CODE, REJECT_REASON
+    from cdc_platform.parse.parsed_batches import parse_arrow_batches
+
+    good = json.dumps(change(after={"id": 1, "v": "x"}))
+    for bad_utf8 in (False, True):
+        values = [good.encode(), b"AAAAAAE=", b"\xff not utf-8" if bad_utf8 else b"null"]
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(values, pa.binary()).view(pa.string()),  # unchecked, as Spark hands a Kafka value cast to string
+             pa.array(["f0", "f1", "f2"]), pa.array([None, "unknown_schema_id", None]), pa.array([None, "schema id 1 is unknown", None])],
+            names=["value", "source_file", REJECT_CODE, REJECT_REASON])
+        out = next(parse_arrow_batches(iter([batch]), KEYS)).to_pylist()
+        assert [r["kind"] for r in out] == ["change", "dead_letter", "dead_letter" if bad_utf8 else "tombstone"]
+        assert (out[1]["reason_code"], out[1]["reason"], out[1]["line"], out[1]["source_file"]) == (
+            "unknown_schema_id", "schema id 1 is unknown", "AAAAAAE=", "f1")

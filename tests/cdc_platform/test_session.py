@@ -22,7 +22,7 @@ def test_session_loads_the_manifest_jars_and_enables_delta(spark: Any) -> None:
     assert any(Path(jar).name.startswith("cdc-platform-parser-") for jar in loaded)
     assert {Path(jar).name.rsplit("-", 1)[0] for jar in loaded} >= {
         "delta-spark_4.1_2.13", "delta-storage", "spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13",
-        "kafka-clients", "commons-pool2"}
+        "kafka-clients", "commons-pool2", "spark-avro_2.13"}
     assert conf.get("spark.jars.packages", None) is None
     for key, value in DELTA_CONF.items():
         assert spark.conf.get(key) == value

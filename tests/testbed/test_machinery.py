@@ -142,6 +142,9 @@ def scratch_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(install, "STAMP", target / ".resolved")
     monkeypatch.setattr(install, "MVN_LOG", target / "mvn.log")
     monkeypatch.setattr(install, "APT_LOG", target / "apt.log")
+    monkeypatch.setattr(install, "REGISTRY_DIST", target / "apicurio-registry-dist")
+    monkeypatch.setattr(install, "REGISTRY_HOME", target / "apicurio-registry")
+    monkeypatch.setattr(install, "CONVERTER_MANIFEST", target / "plugins" / "apicurio-converter" / "manifest.jar")
     return target
 
 
@@ -214,11 +217,26 @@ def test_jars_are_current_only_for_the_poms_they_were_resolved_from(scratch_targ
     for name in install.PLUGIN_NAMES:
         (scratch_target / "plugins" / name).mkdir(parents=True)
         (scratch_target / "plugins" / name / "x.jar").write_bytes(b"")
+    (scratch_target / "apicurio-registry" / "lib").mkdir(parents=True)
+    (scratch_target / "apicurio-registry" / "apicurio-registry-app-2.6.13.Final-runner.jar").write_bytes(b"")
+    install._write_converter_manifest()
     assert not install.jars_ready(), "no stamp"
     install.STAMP.write_text("some other pom hash\n", encoding="utf-8")
     assert not install.jars_ready(), "a stamp of other poms"
     install.STAMP.write_text(install._poms_hash() + "\n", encoding="utf-8")
     assert install.jars_ready()
+    install.CONVERTER_MANIFEST.unlink()
+    assert not install.jars_ready(), "the converter plugin without its ServiceLoader manifest"
+
+
+def test_the_converter_manifest_names_apicurios_avro_converter(scratch_target: Path) -> None:
+    import zipfile
+
+    install.CONVERTER_MANIFEST.parent.mkdir(parents=True)
+    install._write_converter_manifest()
+    with zipfile.ZipFile(install.CONVERTER_MANIFEST) as jar:
+        listed = jar.read("META-INF/services/org.apache.kafka.connect.storage.Converter").decode().split()
+    assert listed == ["io.apicurio.registry.utils.converter.AvroConverter"]
 
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,3 +248,23 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) 
     draws = iter([uuid.UUID(bytes=b"\xf9" + bytes(15)), uuid.UUID(int=5)])  # the first encodes to "-Q...", a leading dash
     monkeypatch.setattr(kafka.uuid, "uuid4", lambda: next(draws))
     assert kafka.new_cluster_id() == "AAAAAAAAAAAAAAAAAAAABQ"
+
+
+def test_the_stack_files_name_the_registry_and_the_avro_converter(tmp_path: Path) -> None:
+    """`make stack` writes CDC_SCHEMA_REGISTRY_URL into .stack/env and the converter settings beside it."""
+    import json
+
+    from cdc_platform.testbed.__main__ import AVRO_CONVERTER_FILE, _write_env
+    from cdc_platform.testbed.registry import Registry
+
+    registry = Registry(tmp_path / "registry", 18081)
+    state = {"endpoints": {"kafka": "127.0.0.1:1", "connect": "http://127.0.0.1:2", "postgres": "postgresql://x", "mariadb": "mysql://y",
+                           "schema_registry": registry.url},
+             "ports": {"postgres": 3, "mariadb": 4}, "avro_converter": registry.avro_converter_config()}
+    _write_env(state, tmp_path)
+    assert "export CDC_SCHEMA_REGISTRY_URL=http://127.0.0.1:18081/apis/ccompat/v7\n" in (tmp_path / "env").read_text(encoding="utf-8")
+    converter = json.loads((tmp_path / AVRO_CONVERTER_FILE).read_text(encoding="utf-8"))
+    assert converter["value.converter"] == converter["key.converter"] == "io.apicurio.registry.utils.converter.AvroConverter"
+    assert converter["value.converter.apicurio.registry.url"] == "http://127.0.0.1:18081/apis/registry/v2"
+    assert converter["value.converter.apicurio.registry.as-confluent"] == "true"
+    assert converter["key.converter.apicurio.registry.headers.enabled"] == "false"

@@ -15,7 +15,7 @@ from cdc_platform.config_source import KafkaSourceConfig
 from cdc_platform.parse.envelope import KeySpec
 from cdc_platform.parse.parsed_batches import parse_arrow_batches
 from cdc_platform.lake.schemas import PARSED
-from cdc_platform.sources.streams import INPUT_COLUMNS, kafka_stream
+from cdc_platform.sources.streams import KAFKA_COLUMNS, kafka_stream
 from cdc_platform.testbed import Stack
 
 
@@ -73,7 +73,7 @@ def test_records_arrive_in_the_parsers_column_contract(testbed: Stack, spark: An
     query.awaitTermination(120)
     assert query.exception() is None
     assert len(sink.batches) >= 2, "max_offsets_per_trigger splits the topic into micro-batches"
-    assert all(t.column_names == list(INPUT_COLUMNS) for t in sink.batches)
+    assert all(t.column_names == list(KAFKA_COLUMNS) for t in sink.batches)
     rows = sorted(sink.rows(), key=lambda r: (r["kafka_partition"], r["kafka_offset"]))
     assert [(r["kafka_partition"], r["kafka_offset"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
     assert all(r["kafka_topic"] == topic and r["source_file"] == f"kafka:{topic}/{r['kafka_partition']}@{r['kafka_offset']}" for r in rows)
