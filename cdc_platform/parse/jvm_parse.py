@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from cdc_platform.errors import EnvironmentNotReadyError
 from cdc_platform.lake import schemas
 from cdc_platform.lake.lake_spark import spark_schema
-from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN
+from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
 from cdc_platform.parse.envelope import KeySpec
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ def parse_column(lines: DataFrame, keys: KeySpec) -> Column:
     from pyspark.sql.classic.column import Column
 
     value = F.col("value").cast("binary")
+    if REJECT_CODE in lines.columns:  # a record the source could not make a line of is not parsed (`parse_rows`)
+        value = F.when(F.col(REJECT_CODE).isNull(), value)
     key = F.col(RECORD_KEY_COLUMN).cast("binary") if RECORD_KEY_COLUMN in lines.columns else F.lit(None).cast("binary")
     from py4j.java_gateway import JavaClass
 
@@ -59,11 +61,18 @@ def parse_column(lines: DataFrame, keys: KeySpec) -> Column:
 
 
 def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:
-    """Lines in `sources.py`'s column contract -> `PARSED` rows, one per line, in the lines' order and partitions."""
+    """Lines in `sources.py`'s column contract -> `PARSED` rows, one per line, in the lines' order and partitions.
+
+    A record the source rejected (`schemas.REJECT_CODE`: an Avro record it could not decode) is not parsed: it
+    is a dead letter with the source's code and reason, its value (base64) as the line, as the Python parser
+    makes it (`parsed_batches.parse_arrow_batches`)."""
     from pyspark.sql import functions as F
 
     names = lines.columns
-    parsed = lines.select(parse_column(lines, keys).alias(_PARSED), *[c for c in ("value", "source_file", *KAFKA_ORIGIN_COLUMNS) if c in names])
+    kept = ("value", "source_file", *KAFKA_ORIGIN_COLUMNS, REJECT_CODE, REJECT_REASON)
+    parsed = lines.select(parse_column(lines, keys).alias(_PARSED), *[c for c in kept if c in names])
+    rejected = F.col(REJECT_CODE).isNotNull() if REJECT_CODE in names else None
+    reject_reason = F.coalesce(F.col(REJECT_REASON), F.col(REJECT_CODE)) if REJECT_REASON in names else F.col(REJECT_CODE)
     columns = []
     for field in spark_schema(schemas.PARSED).fields:
         name = field.name
@@ -79,5 +88,8 @@ def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:
             column = F.date_from_unix_date(F.col(f"{_PARSED}.{_DATES[name]}"))
         else:
             column = F.col(f"{_PARSED}.{name}")
+        if rejected is not None and name not in KAFKA_ORIGIN_COLUMNS and name != "source_file":
+            instead = {"kind": F.lit("dead_letter"), "line": F.col("value"), "reason_code": F.col(REJECT_CODE), "reason": reject_reason}
+            column = F.when(rejected, instead.get(name, F.lit(None))).otherwise(column)
         columns.append(column.cast(field.dataType).alias(name))
     return parsed.select(*columns)

@@ -292,3 +292,18 @@ def test_the_parser_setting(spark: Any) -> None:
     finally:
         spark.conf.unset(parse_spark.PARSER_CONF)
     assert "cdc_parse_envelope" in parse_spark.parse_lines(lines, KEYS)._jdf.queryExecution().optimizedPlan().toString()
+
+
+def test_records_the_source_rejected_are_the_same_dead_letters(spark: Any) -> None:
+    """An Avro record the source could not decode (`reject_code`) is not parsed by either parser: a dead letter
+    with the source's code and reason, its value as the line."""
+    from pyspark.sql import functions as F
+
+    data = [b'{"op": "c"}', b"AAAA", b"QkJC", None]
+    frame = kafka_frame(spark, data)
+    codes = F.when(F.col("value") == "AAAA", F.lit("unknown_schema_id")).when(F.col("value") == "QkJC", F.lit("avro_decode_error"))
+    reasons = F.when(codes == "unknown_schema_id", F.lit("schema id 9 is unknown to the registry"))
+    rows = assert_same_rows(frame.withColumn("reject_code", codes).withColumn("reject_reason", reasons))
+    assert [(r["kind"], r["reason_code"], r["reason"], r["line"]) for r in rows[1:3]] == [
+        ("dead_letter", "unknown_schema_id", "schema id 9 is unknown to the registry", "AAAA"),
+        ("dead_letter", "avro_decode_error", "avro_decode_error", "QkJC")]
