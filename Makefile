@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The JVM jars Spark loads beside pyspark's (jvm/pom.xml), resolved by mvn; the manifest is the stamp.
 JARS_STAMP := jvm/jars/manifest.json
+# `cdc serve`'s JDBC login check (jvm/serve-auth), compiled against pyspark's jars by mvn.
+SERVE_AUTH_JAR := jvm/serve-auth/target/cdc-serve-auth.jar
 # Hadoop's S3A jars (jvm/object-store/pom.xml), for a lake on an object store; apart because of their size.
 OBJECT_STORE_STAMP := jvm/object-store/jars/manifest.json
 
@@ -25,7 +27,10 @@ $(JARS_STAMP): jvm/pom.xml scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py
 	@touch $@
 
-setup: check-java $(STAMP) $(JARS_STAMP)
+$(SERVE_AUTH_JAR): jvm/serve-auth/pom.xml $(wildcard jvm/serve-auth/src/main/java/cdcplatform/serve/*.java) scripts/resolve_jars.py $(STAMP)
+	@$(BIN)/python scripts/resolve_jars.py --serve-auth
+
+setup: check-java $(STAMP) $(JARS_STAMP) $(SERVE_AUTH_JAR)
 
 $(OBJECT_STORE_STAMP): jvm/object-store/pom.xml scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py --object-store
