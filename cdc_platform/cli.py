@@ -258,7 +258,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _say(f"serving {lake_dir} as schema `{schema}`; Ctrl-C to stop")
         token = " (token: SPARK_CONNECT_AUTHENTICATE_TOKEN)" if info.connect_token else ""
         login = f" (login: {info.jdbc_auth})" if info.jdbc_auth != "none" else ""
-        print(f"spark connect: {info.connect_url}{token}\njdbc: {info.jdbc_url}{login}\nstate file: {state_path(lake_dir)}", flush=True)
+        print(f"spark connect: {info.connect_url}{token}\njdbc: {info.jdbc_url}{login}\nstate file: {state_path(lake_dir, info.expose)}", flush=True)
         server.serve_forever(stop, timeout=args.timeout)
     except KeyboardInterrupt:
         pass
@@ -279,6 +279,9 @@ def cmd_serve_user(args: argparse.Namespace) -> int:
     else:
         path = _config(args).serve.password_file
         assert path is not None
+    if args.extra:  # never echoed: a password typed here is already in the shell's history, not also in a log
+        raise CdcError("`cdc serve-user` takes no password on the command line (`ps` and shell histories show it); "
+                       "it asks on the terminal or reads one line of standard input")
     if args.action == "list":
         print("\n".join(sorted(passwords.read_entries(path))))
         return 0
@@ -489,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "never from the command line. A running server reads the file at every login.")
     p.add_argument("action", choices=("add", "remove", "list"))
     p.add_argument("name", nargs="?", help="the user's name (add, remove)")
+    p.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--config", metavar="FILE", help="the cdc.yaml whose serve.password_file to change (default: $CDC_CONFIG)")
     p.add_argument("--password-file", metavar="FILE", help="the password file itself (default: the config's serve.password_file, "
                                                             "itself serve-users beside cdc.yaml)")

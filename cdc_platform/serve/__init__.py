@@ -145,9 +145,10 @@ class Server:
 
         if not self.lake_dir.is_dir():
             raise ServeError(f"lake directory {self.lake_dir} does not exist; run `cdc run` first or pass the right --lake/--config")
-        running, _ = find_server(self.lake_dir)
+        running, _ = find_server(self.lake_dir, self.serve.expose)
         if running is not None:
-            raise ServeError(f"a server (pid {running.pid}) already serves this lake at {running.connect_url}; stop it first (Ctrl-C, or kill {running.pid})")
+            raise ServeError(f"a server (pid {running.pid}) already serves this lake at {running.connect_url} (expose: {running.expose}); "
+                             f"stop it first (Ctrl-C, or kill {running.pid})")
         found = security.resolve_secrets(self.serve)
         security.check_exposure(self.serve, found)  # before any socket opens
         if self.serve.connect_address == self.host:
@@ -179,7 +180,7 @@ class Server:
             connect_host=self.serve.connect_address, connect_token=found.connect_token is not None, jdbc_transport=transport,
             jdbc_auth=self.serve.jdbc_auth, tls=tls, cert=str(self.cert) if self.cert else None, expose=self.serve.expose,
         )
-        lake.write_json_atomic(state_path(self.lake_dir), asdict(self.info))
+        lake.write_json_atomic(state_path(self.lake_dir, self.serve.expose), asdict(self.info))
         return self.info
 
     def _wait_ready(self) -> None:
@@ -220,9 +221,9 @@ class Server:
         """Remove the state file (if it is ours), stop the Thrift server and Spark (and with it Spark Connect)."""
         from cdc_platform.spark.session import stop_spark
 
-        current = read_state(self.lake_dir)
+        current = read_state(self.lake_dir, self.serve.expose)
         if current is not None and current.pid == os.getpid():
-            state_path(self.lake_dir).unlink(missing_ok=True)
+            state_path(self.lake_dir, self.serve.expose).unlink(missing_ok=True)
         # Ctrl-C in a terminal (or a signal to the process group) reaches Spark's JVM too, which may be gone
         # by now; stopping is then already done, and a dead py4j gateway is no error of the user's.
         if self.thrift is not None:

@@ -99,41 +99,53 @@ def login(info: ServerInfo, environ: dict[str, str] | None = None) -> tuple[str,
     return user, password
 
 
-def state_path(lake_dir: LakePath) -> Path:
-    return machine_dir(lake_dir) / STATE_FILE
+#: A lake may have two servers at once, one per exposure: the owners' (`all`) and the analysts' (`clean`).
+EXPOSURES = ("all", "clean")
 
 
-def read_state(lake_dir: LakePath) -> ServerInfo | None:
+def state_path(lake_dir: LakePath, expose: str = "all") -> Path:
+    """The state file of the lake's server of one exposure: `_serve.json` (all), `_serve.clean.json` (clean)."""
+    return machine_dir(lake_dir) / (STATE_FILE if expose == "all" else STATE_FILE.replace(".json", f".{expose}.json"))
+
+
+def read_state(lake_dir: LakePath, expose: str = "all") -> ServerInfo | None:
     """The state file's server, or None when there is none or it is unreadable (a client then runs locally)."""
     try:
-        doc = json.loads(state_path(lake_dir).read_text(encoding="utf-8"))
+        doc = json.loads(state_path(lake_dir, expose).read_text(encoding="utf-8"))
         return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__ if k in doc})
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def wait_for_state(lake_dir: LakePath, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
+def wait_for_state(lake_dir: LakePath, exited: Callable[[], int | None], log: Path, timeout: float, expose: str = "all") -> ServerInfo:
     """The state a `cdc serve` started in another process writes once it is ready (for scripts, tests and
     benchmarks that start one). `exited` is the process's `poll`; ServerUnavailable, with the tail of its
     `log`, when it exits or `timeout` seconds pass first."""
     deadline = time.monotonic() + timeout
-    while (info := read_state(lake_dir)) is None:
+    while (info := read_state(lake_dir, expose)) is None:
         if exited() is not None or time.monotonic() > deadline:
             raise ServerUnavailable(f"cdc serve did not start (exit {exited()}): {log_tail(log, 5)}")
         time.sleep(0.5)
     return info
 
 
-def find_server(lake_dir: LakePath) -> tuple[ServerInfo | None, str | None]:
-    """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started)."""
-    info = read_state(lake_dir)
-    if info is None:
-        return None, None
-    if not pid_alive(info.pid):
-        return None, f"{state_path(lake_dir)} names a server (pid {info.pid}) that is no longer running"
-    if not port_open(info.jdbc_port, info.client_host):
-        return None, f"the server of {state_path(lake_dir)} (pid {info.pid}) does not answer on {info.jdbc_url}"
-    return info, None
+def find_server(lake_dir: LakePath, expose: str | None = None) -> tuple[ServerInfo | None, str | None]:
+    """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started).
+
+    `expose` None: the owners' server (`all`) when one runs, else the analysts' (`clean`)."""
+    why_not: str | None = None
+    for kind in (expose,) if expose else EXPOSURES:
+        info = read_state(lake_dir, kind)
+        if info is None:
+            continue
+        path = state_path(lake_dir, kind)
+        if not pid_alive(info.pid):
+            why_not = why_not or f"{path} names a server (pid {info.pid}) that is no longer running"
+        elif not port_open(info.jdbc_port, info.client_host):
+            why_not = why_not or f"the server of {path} (pid {info.pid}) does not answer on {info.jdbc_url}"
+        else:
+            return info, None
+    return None, why_not
 
 
 def remote_query(info: ServerInfo, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
