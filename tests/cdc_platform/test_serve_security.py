@@ -106,9 +106,9 @@ except Exception as exc:
 """
 
 
-def connect_answer(url: str, sql: str, token: str | None) -> Any:
+def connect_answer(url: str, sql: str, token: str | None, env_extra: dict[str, str] | None = None) -> Any:
     """A notebook on another machine, as far as loopback allows: plain pyspark, the token from Spark's own variable."""
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"} | (env_extra or {})
     if token is not None:
         env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
     done = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, url, sql], capture_output=True, text=True, timeout=300, cwd="/", env=env)
@@ -151,6 +151,20 @@ def test_spark_connect_needs_the_token(secured: Served) -> None:
     assert "No authentication token provided" in missing["error"], missing
     wrong = connect_answer(info.connect_url, query, "not-the-token-at-all")
     assert "Invalid authentication token" in wrong["error"], wrong
+
+
+def test_spark_connect_behind_the_readmes_tls_proxy(secured: Served, tmp_path: Path) -> None:
+    """nginx terminating TLS in front of the loopback port (README): the token crosses TLS, a wrong one is refused
+    and the proxy's log names the refused call's client and its gRPC status (16, UNAUTHENTICATED)."""
+    from cdc_platform.testbed.tls_proxy import grpc_tls_proxy
+
+    with grpc_tls_proxy(tmp_path / "proxy", secured.info.connect_port) as proxy:
+        trust = {"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(proxy.cert)}
+        assert connect_answer(proxy.url, f"SELECT count(*) AS n FROM {SCHEMA}.people__clean_view", TOKEN, trust) == [{"n": 3}]
+        wrong = connect_answer(proxy.url, "SELECT 1", "not-the-token-at-all", trust)
+        assert "Invalid authentication token" in wrong["error"], wrong
+        log = proxy.access_log.read_text()
+    assert "grpc-status=16" in log and "127.0.0.1:" in log and TOKEN not in log
 
 
 def test_jdbc_logins_over_tls(secured: Served) -> None:
