@@ -483,14 +483,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expose", choices=("all", "clean"),
                    help="register every table and view, or only the masked (clean and consistent) views (default: the config's serve.expose, itself all)")
     p.add_argument("--self-signed", action="store_true",
-                   help="TLS on the JDBC endpoint with a self-signed certificate keytool makes beside cdc.yaml in serve-tls/ (for trying TLS)")
+                   help="TLS on the JDBC endpoint with a self-signed certificate keytool makes beside cdc.yaml in serve-tls/, for trying TLS "
+                        "(default: the config's serve.keystore, if any)")
     p.set_defaults(func=cmd_serve)
 
     p = command("serve-user", "add, remove or list the JDBC/ODBC endpoint's users (its password file)",
                 "Manage the password file `cdc serve` checks JDBC/ODBC logins against (serve.jdbc_auth: password_file): salted "
                 "PBKDF2 hashes, owner-only. `add` reads the password from the terminal (asked twice) or one line of standard input, "
                 "never from the command line. A running server reads the file at every login.")
-    p.add_argument("action", choices=("add", "remove", "list"))
+    p.add_argument("action", choices=("add", "remove", "list"), help="add a user (or set a new password), remove one, or list the names")
     p.add_argument("name", nargs="?", help="the user's name (add, remove)")
     p.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--config", metavar="FILE", help="the cdc.yaml whose serve.password_file to change (default: $CDC_CONFIG)")

@@ -138,6 +138,10 @@ def system_properties(config: ServeConfig) -> dict[str, str]:
     if config.jdbc_auth == "none":
         return {}
     props = {"hive.server2.custom.authentication.class": AUTH_CLASS, "cdc.serve.auth": config.jdbc_auth}
+    if config.keystore is None:
+        # The session cookie Hive hands a logged-in client is marked Secure by default, so a Java client would
+        # never return it over plain HTTP and would log in (hash or LDAP bind) again at every request.
+        props["hive.server2.thrift.http.cookie.is.secure"] = "false"
     if config.jdbc_auth == "password_file":
         props["cdc.serve.password_file"] = str(config.password_file)
     else:
