@@ -22,8 +22,9 @@ from cdc_platform.testbed.errors import TestbedError
 from cdc_platform.testbed.process import HOST, Service, free_ports, port_open, run
 
 PACKAGES = ("nginx-light",)
-#: One line per call: who, what, HTTP status and the upstream's gRPC status (a refused token is 16).
-LOG_FORMAT = "'$remote_addr:$remote_port \"$request\" $status grpc-status=$upstream_trailer_grpc_status'"
+#: One line per call: who, what, HTTP status and the upstream's gRPC status, from its headers (a call refused at
+#: once is a "trailers-only" answer: a refused token logs `grpc-status=16/-`) or its trailers (`-/0`: done).
+LOG_FORMAT = "'$remote_addr:$remote_port \"$request\" $status grpc-status=$upstream_http_grpc_status/$upstream_trailer_grpc_status'"
 
 
 def ensure_nginx() -> tuple[str, str]:

@@ -5,7 +5,6 @@ client's address, the right one queries; Spark Connect's token comes from Spark'
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
