@@ -9,6 +9,8 @@ JARS_STAMP := jvm/jars/manifest.json
 # prerequisites too, so that a deleted source rebuilds it; the script rebuilds only when their bytes changed.
 PARSER_STAMP := jvm/parser/jars/manifest.json
 PARSER_SOURCES := $(shell find jvm/parser/src)
+# `cdc serve`'s JDBC login check (jvm/serve-auth), compiled against pyspark's jars by mvn.
+SERVE_AUTH_JAR := jvm/serve-auth/target/cdc-serve-auth.jar
 # Hadoop's S3A jars (jvm/object-store/pom.xml), for a lake on an object store; apart because of their size.
 OBJECT_STORE_STAMP := jvm/object-store/jars/manifest.json
 
@@ -33,7 +35,10 @@ $(PARSER_STAMP): jvm/parser/pom.xml $(PARSER_SOURCES) scripts/resolve_jars.py $(
 	@$(BIN)/python scripts/resolve_jars.py --parser
 	@touch $@
 
-setup: check-java $(STAMP) $(JARS_STAMP) $(PARSER_STAMP)
+$(SERVE_AUTH_JAR): jvm/serve-auth/pom.xml $(wildcard jvm/serve-auth/src/main/java/cdcplatform/serve/*.java) scripts/resolve_jars.py $(STAMP)
+	@$(BIN)/python scripts/resolve_jars.py --serve-auth
+
+setup: check-java $(STAMP) $(JARS_STAMP) $(PARSER_STAMP) $(SERVE_AUTH_JAR)
 
 $(OBJECT_STORE_STAMP): jvm/object-store/pom.xml scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py --object-store

@@ -9,11 +9,6 @@ for the CLI's session, because the error that reaches `main` carries the same st
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
-import decimal
-import io
-import json
 import os
 import sys
 import time
@@ -25,6 +20,7 @@ from typing import Any, NoReturn
 from cdc_platform.spark import spark_errors
 from cdc_platform.config import PlatformConfig, check_spark_master, lake_from_flag, load_config
 from cdc_platform.errors import CdcError, LakeError, QueryError
+from cdc_platform.serve.formats import format_rows
 from cdc_platform.spark.processes import stop_on_signals
 from cdc_platform.storage import LakePath, is_remote
 
@@ -126,48 +122,6 @@ def _stop_now() -> NoReturn:
     os._exit(130)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        return value.hex()
-    if hasattr(value, "asDict"):  # a struct: pyspark's Row is a tuple, so this goes before the tuple case
-        return _jsonable(value.asDict(recursive=True))
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _cell(value: Any) -> str:
-    plain = _jsonable(value)
-    return json.dumps(plain, ensure_ascii=False) if isinstance(plain, (dict, list)) else str(plain)
-
-
-def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
-    """Render query results; `json` is one array of row objects (a public, scripted format)."""
-    if fmt == "json":
-        return json.dumps([{c: _jsonable(v) for c, v in zip(columns, row)} for row in rows], ensure_ascii=False)
-    if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow(["" if v is None else _cell(v) for v in row])
-        return buf.getvalue().rstrip("\n")
-    cells = [["NULL" if v is None else _cell(v) for v in row] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-    out = [line, "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |", line]
-    out += ["| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |" for r in cells]
-    out.append(line)
-    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return "\n".join(out)
-
-
 def cmd_sql(args: argparse.Namespace) -> int:
     lake_dir = lake_from_flag(args.lake)
     if not lake_dir.is_dir():  # before Spark starts: saying so costs no JVM
@@ -195,7 +149,7 @@ def _sql_via_server(lake_dir: LakePath, args: argparse.Namespace) -> bool:
     A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
     of its client library is not an error: the query runs in a local session instead, and says why.
     """
-    from cdc_platform.serve.sql_client import ServerUnavailable, find_server, remote_query, table_names
+    from cdc_platform.serve.sql_client import LoginRefused, ServerUnavailable, find_server, remote_query, table_names
 
     info, why_not = find_server(lake_dir)
     if info is None:
@@ -207,6 +161,8 @@ def _sql_via_server(lake_dir: LakePath, args: argparse.Namespace) -> bool:
     except ServerUnavailable as exc:
         _say(f"{exc}; running the query in a local Spark session")
         return False
+    except LoginRefused as exc:
+        raise QueryError(str(exc)) from None
     except spark_errors.ServerSideError as exc:
         names = table_names(info) if spark_errors.condition(exc) == "TABLE_OR_VIEW_NOT_FOUND" else []
         raise QueryError(spark_errors.describe(exc, names)) from exc
@@ -220,25 +176,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from dataclasses import replace
+
     from cdc_platform.config import check_catalog_schema, resolve_config_path
+    from cdc_platform.config_serve import ServeConfig
     from cdc_platform.serve import Server
+    from cdc_platform.serve.security import self_signed
     from cdc_platform.serve.sql_client import state_path
 
     if args.lake and not args.config and resolve_config_path(None) is None:
         lake_dir, schema, master = lake_from_flag(args.lake), args.schema or "cdc", check_spark_master(args.master)
+        serve, base = ServeConfig(), Path.cwd()
     else:
         config = load_config(args.config, lake=args.lake, spark_master=args.master)
         lake_dir, schema, master = config.lake, args.schema or config.catalog.schema, config.spark_master
+        serve, base = config.serve, config.source_file.resolve().parent if config.source_file else Path.cwd()
     schema = check_catalog_schema(schema)
-    server = Server(lake_dir, schema, connect_port=args.connect_port, jdbc_port=args.jdbc_port, master=master,
+    overrides = {k: v for k, v in (("host", args.host), ("connect_host", args.connect_host), ("expose", args.expose)) if v is not None}
+    serve = replace(serve, **overrides)
+    cert = None
+    if args.self_signed:
+        if serve.keystore is not None:
+            raise CdcError(f"--self-signed makes a keystore, but serve.keystore already names {serve.keystore}; use one or the other")
+        keystore, password_file, cert = self_signed(base / "serve-tls", [serve.host, serve.connect_address])
+        serve = replace(serve, keystore=keystore, keystore_password_file=password_file)
+        _say(f"TLS with the self-signed certificate {cert} (clients trust it; Java clients: {cert.parent / 'truststore.p12'}, password changeit)")
+    server = Server(lake_dir, schema, serve=serve, connect_port=args.connect_port, jdbc_port=args.jdbc_port, master=master,
                     poll_interval=args.poll_interval, progress=_say)
+    server.cert = cert
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill PID` stops it as cleanly as Ctrl-C
     try:
         info = server.start()
         quiet_spark_error_logs(server.spark)
         _say(f"serving {lake_dir} as schema `{schema}`; Ctrl-C to stop")
-        print(f"spark connect: {info.connect_url}\njdbc: {info.jdbc_url}\nstate file: {state_path(lake_dir)}", flush=True)
+        token = " (token: SPARK_CONNECT_AUTHENTICATE_TOKEN)" if info.connect_token else ""
+        login = f" (login: {info.jdbc_auth})" if info.jdbc_auth != "none" else ""
+        print(f"spark connect: {info.connect_url}{token}\njdbc: {info.jdbc_url}{login}\nstate file: {state_path(lake_dir, info.expose)}", flush=True)
         server.serve_forever(stop, timeout=args.timeout)
     except KeyboardInterrupt:
         pass
@@ -247,6 +221,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if server.spark is not None:
             _say("stopping ...")
         server.stop()
+    return 0
+
+
+def cmd_serve_user(args: argparse.Namespace) -> int:
+    """`cdc serve-user add|remove|list`: the JDBC endpoint's password file (`serve.password_file`)."""
+    from cdc_platform.serve import passwords
+
+    if args.password_file:
+        path = Path(args.password_file).expanduser().resolve()
+    else:
+        path = _config(args).serve.password_file
+        assert path is not None
+    if args.extra:  # never echoed: a password typed here is already in the shell's history, not also in a log
+        raise CdcError("`cdc serve-user` takes no password on the command line (`ps` and shell histories show it); "
+                       "it asks on the terminal or reads one line of standard input")
+    if args.action == "list":
+        print("\n".join(sorted(passwords.read_entries(path))))
+        return 0
+    if not args.name:
+        raise CdcError(f"`cdc serve-user {args.action}` needs the user's NAME")
+    if args.action == "remove":
+        if not passwords.remove_user(path, args.name):
+            raise CdcError(f"no user {args.name!r} in {path}")
+        _say(f"removed {args.name} from {path}")
+        return 0
+    passwords.check_name(args.name)
+    replaced = passwords.add_user(path, args.name, passwords.read_password())
+    _say(f"{'new password for' if replaced else 'added'} {args.name} in {path} (a running server reads it at the next login)")
     return 0
 
 
@@ -452,18 +454,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("serve", "serve the lake over Spark Connect and JDBC/ODBC, its tables and views in a catalog",
                 "Run one long-lived Spark for the lake with Spark Connect (notebooks, `cdc sql`) and the Spark Thrift "
-                "JDBC/ODBC server (BI tools) on loopback, every table and view registered under one schema and kept "
+                "JDBC/ODBC server (BI tools) on loopback (or --host, with logins), every table and view registered under one schema and kept "
                 "current as tables and columns appear. Writes LAKE/_serve.json so `cdc sql` finds it; Ctrl-C stops it.")
     add_paths(p)
     add_master(p)
     p.add_argument("--schema", metavar="NAME", help="schema (database) of the views (default: the config's catalog.schema, itself cdc)")
-    p.add_argument("--connect-port", type=int, default=15002, metavar="PORT", help="Spark Connect port on 127.0.0.1 (default: %(default)s)")
+    p.add_argument("--connect-port", type=int, default=15002, metavar="PORT", help="Spark Connect port (default: %(default)s)")
     p.add_argument("--jdbc-port", type=int, default=10000, metavar="PORT",
-                   help="Thrift JDBC/ODBC (HiveServer2) port on 127.0.0.1 (default: %(default)s)")
+                   help="Thrift JDBC/ODBC (HiveServer2) port (default: %(default)s)")
     p.add_argument("--poll-interval", type=float, default=5.0, metavar="S",
                    help="seconds between checks of the lake for new tables and changed schemas (default: %(default)g)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--host", metavar="ADDR",
+                   help="address both endpoints listen on; not loopback only with a login on both (default: the config's serve.host, itself 127.0.0.1)")
+    p.add_argument("--connect-host", metavar="ADDR", help="Spark Connect's own address, e.g. loopback behind a TLS proxy (default: --host)")
+    p.add_argument("--expose", choices=("all", "clean"),
+                   help="register every table and view, or only the masked (clean and consistent) views (default: the config's serve.expose, itself all)")
+    p.add_argument("--self-signed", action="store_true",
+                   help="TLS on the JDBC endpoint with a self-signed certificate keytool makes beside cdc.yaml in serve-tls/, for trying TLS "
+                        "(default: the config's serve.keystore, if any)")
     p.set_defaults(func=cmd_serve)
+
+    p = command("serve-user", "add, remove or list the JDBC/ODBC endpoint's users (its password file)",
+                "Manage the password file `cdc serve` checks JDBC/ODBC logins against (serve.jdbc_auth: password_file): salted "
+                "PBKDF2 hashes, owner-only. `add` reads the password from the terminal (asked twice) or one line of standard input, "
+                "never from the command line. A running server reads the file at every login.")
+    p.add_argument("action", choices=("add", "remove", "list"), help="add a user (or set a new password), remove one, or list the names")
+    p.add_argument("name", nargs="?", help="the user's name (add, remove)")
+    p.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE", help="the cdc.yaml whose serve.password_file to change (default: $CDC_CONFIG)")
+    p.add_argument("--password-file", metavar="FILE", help="the password file itself (default: the config's serve.password_file, "
+                                                            "itself serve-users beside cdc.yaml)")
+    p.set_defaults(func=cmd_serve_user)
 
     p = command("generate", "write a sample payments workload (Debezium MySQL) and its cdc.yaml",
                 "Write a sample payments database (customers, charges, refunds) as Debezium's MySQL connector emits it, with "

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from cdc_platform.config_serve import ServeConfig, parse_serve
 from cdc_platform.config_source import SourceConfig, parse_source
 from cdc_platform.errors import ConfigError
 from cdc_platform.sources.signal_channel import RepairConfig, parse_repair
@@ -62,6 +63,7 @@ _TOP_KEYS = {
     "source_connection",
     "repair",
     "object_store",
+    "serve",
 }
 _CATALOG_KEYS = {"schema"}
 #: The schema (database) `cdc serve` registers the lake's tables and views under, unless `catalog.schema` says.
@@ -191,6 +193,8 @@ class PlatformConfig:
     #: Endpoint, region and addressing of the object store the lake is on (`object_store:`), with the
     #: credentials the environment gave; unused for a local lake.
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
+    #: `cdc serve`: address, logins, TLS and what it exposes (`serve:`; config_serve.py).
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     @property
     def lake_is_remote(self) -> bool:
@@ -382,6 +386,7 @@ def parse_config(
         source_connection=source_connection,
         repair=repair,
         object_store=object_store,
+        serve=parse_serve(raw.get("serve"), where, base),
     )
 
 

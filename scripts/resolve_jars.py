@@ -38,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 POM = REPO / "jvm" / "pom.xml"
 #: Hadoop's S3A filesystem, resolved apart (`--object-store`, `make setup-object-store`): see its pom.
 OBJECT_STORE_POM = REPO / "jvm" / "object-store" / "pom.xml"
+#: `cdc serve`'s JDBC login check, the one class the platform builds (`--serve-auth`): see its pom.
+SERVE_AUTH_POM = REPO / "jvm" / "serve-auth" / "pom.xml"
 LOG_NAME = "resolve.log"  # beside the pom: Maven's whole output of the last resolution
 #: The envelope parser's module, built (not only resolved) by `--parser`.
 PARSER_POM = REPO / "jvm" / "parser" / "pom.xml"
@@ -298,12 +300,44 @@ def main_parser() -> int:
     return 0
 
 
+def build_serve_auth(pyspark_jars: Path) -> Path:
+    """Compile jvm/serve-auth against pyspark's own jars into its target/cdc-serve-auth.jar (Maven's
+    compiler and jar plugins are all it downloads, once)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError(f"no `mvn` found, needed to build {shown(SERVE_AUTH_POM.parent)}: {MVN_HELP}")
+    jars = {}
+    for prop, pattern in (("thriftserver.jar", "spark-hive-thriftserver_*.jar"), ("slf4j.jar", "slf4j-api-*.jar")):
+        found = sorted(pyspark_jars.glob(pattern))
+        if not found:
+            raise SetupError(f"pyspark ships no {pattern} in {pyspark_jars}; is pyspark installed in this venv? run `make setup`")
+        jars[prop] = found[0]
+    cmd = [mvn, "-B", "-f", str(SERVE_AUTH_POM), *(f"-D{k}={v}" for k, v in jars.items()), "clean", "package"]
+    out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    log = SERVE_AUTH_POM.parent / "build.log"
+    log.write_text(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}", encoding="utf-8")
+    jar = SERVE_AUTH_POM.parent / "target" / "cdc-serve-auth.jar"
+    if out.returncode != 0 or not jar.is_file():
+        raise SetupError(f"{refusal_line(out.stdout + out.stderr)}; full output in {shown(log)}")
+    return jar
+
+
 def main(argv: list[str] | None = None) -> int:
     import pyspark
 
     args = sys.argv[1:] if argv is None else argv
     if "--parser" in args:
         return main_parser()
+    if "--serve-auth" in args:
+        try:
+            start = time.monotonic()
+            print(f"building {shown(SERVE_AUTH_POM.parent)} with mvn ...", file=sys.stderr)
+            jar = build_serve_auth(Path(pyspark.__file__).parent / "jars")
+        except SetupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{shown(jar)} ({time.monotonic() - start:.0f} s)", file=sys.stderr)
+        return 0
     object_store = "--object-store" in args
     pom, jars_dir = (OBJECT_STORE_POM, OBJECT_STORE_JARS_DIR) if object_store else (POM, JARS_DIR)
     pyspark_jars = Path(pyspark.__file__).parent / "jars"

@@ -36,7 +36,8 @@ _SERVER_FIXTURES = ("testbed", "spark_cluster", "s3_server")
 #: Modules whose module-scoped fixture runs the pipeline or starts a server (`pipeline_run`: a Dagster run,
 #: `served`: `cdc serve`, `e2e`: the type families' run): their tests stay in one worker, so it runs once
 #: per suite, not once in each worker that draws one of them (30-47 s each, measured twice before).
-_SHARED_FIXTURE_MODULES = ("test_definitions.py", "test_serve.py", "test_latest_state_type_props.py")
+_SHARED_FIXTURE_MODULES = ("test_definitions.py", "test_serve.py", "test_serve_security.py", "test_serve_ldap.py",
+                           "test_latest_state_type_props.py")
 
 
 #: Start-up settings of the suite's own session (the `spark` fixture): it lives as long as its pytest worker and

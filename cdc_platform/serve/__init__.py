@@ -12,8 +12,9 @@ pyspark ships:
 * the Spark Thrift server (HiveServer2 protocol), for JDBC/ODBC clients and `cdc sql`: `jdbc:hive2://host:port/<schema>`.
 
 The catalog lives as long as the server: the lake (its Delta logs and `_cdc_registry.json`) is the
-persistent record, and each start registers it again from there. Both endpoints listen on loopback only;
-there is no authentication, so do not forward the ports to a network you do not trust.
+persistent record, and each start registers it again from there. Both endpoints listen on loopback
+unless `serve.host` says otherwise, which needs a login on both (`security`: Spark Connect's token, a
+password file or LDAP for JDBC, TLS); `serve.expose: clean` registers only the masked views.
 
 The server writes `<lake>/_serve.json` (pid, schema, ports) once both endpoints answer, and removes it
 when it stops; `cdc sql` reads it (`sql_client`) to find the server, and falls back to a local session when the file
@@ -33,9 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from cdc_platform import lake
+from cdc_platform.config_serve import CONNECT_TOKEN_ENV, ServeConfig
 from cdc_platform.views.catalog import lake_fingerprint, register_catalog
 from cdc_platform.errors import ServeError
 from cdc_platform.spark.processes import HOST, port_open
+from cdc_platform.serve import security
 from cdc_platform.serve.sql_client import ServerInfo, find_server, read_state, state_path
 from cdc_platform.storage import LakePath, is_remote, machine_dir
 
@@ -74,29 +77,34 @@ def check_ports(host: str, ports: Mapping[str, int]) -> None:
             raise ServeError(f"port {port} on {host} is in use (another `cdc serve`, or another program): stop it or pass another {flag}")
 
 
-def server_conf(host: str, connect_port: int, jdbc_port: int, work_dir: Path) -> dict[str, str]:
-    """Spark settings for the server's session: Spark Connect as a plugin, the Thrift server's address.
+def server_conf(serve: ServeConfig, connect_port: int, jdbc_port: int, work_dir: Path) -> dict[str, str]:
+    """Spark settings for the server's session: Spark Connect as a plugin, the Thrift server's address,
+    transport, login check and TLS (`security.thrift_conf`). No secret is a setting (`security.apply_to_jvm`).
 
-    The platform's jars (delta-spark) also go on the driver's class path: the Thrift server runs its
-    sessions on threads whose class loader does not see `spark.jars`, and Delta's catalog class must load
-    there (without it every JDBC connection fails with ClassNotFoundException DeltaCatalog).
+    The platform's jars (delta-spark, and the login check's) also go on the driver's class path: the Thrift
+    server runs its sessions on threads whose class loader does not see `spark.jars`, and Delta's catalog
+    class must load there (without it every JDBC connection fails with ClassNotFoundException DeltaCatalog).
     """
     from cdc_platform.spark.session import platform_jars
 
     scratch = work_dir / "hive-scratch"
+    jars = [str(jar) for jar in platform_jars()] + ([str(security.AUTH_JAR)] if serve.jdbc_auth != "none" else [])
     return {
         "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.address": serve.connect_address,
         "spark.connect.grpc.binding.port": str(connect_port),
-        "spark.hadoop.hive.server2.thrift.bind.host": host,
-        "spark.hadoop.hive.server2.thrift.port": str(jdbc_port),
-        "spark.hadoop.hive.server2.transport.mode": "binary",
+        **security.thrift_conf(serve, jdbc_port),
         "spark.hadoop.hive.exec.scratchdir": str(scratch),
         "spark.hadoop.hive.exec.local.scratchdir": str(scratch / "local"),
         "spark.hadoop.hive.downloaded.resources.dir": str(scratch / "resources"),
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
-        "spark.driver.extraClassPath": os.pathsep.join(str(jar) for jar in platform_jars()),
+        "spark.driver.extraClassPath": os.pathsep.join(jars),
     }
+
+
+def _reachable(host: str) -> str:
+    """The address this machine reaches a server bound to `host` at: loopback for a wildcard address."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 class Server:
@@ -107,7 +115,7 @@ class Server:
         lake_dir: LakePath,
         schema: str,
         *,
-        host: str = HOST,
+        serve: ServeConfig | None = None,
         connect_port: int = DEFAULT_CONNECT_PORT,
         jdbc_port: int = DEFAULT_JDBC_PORT,
         master: str | None = None,
@@ -116,7 +124,8 @@ class Server:
     ) -> None:
         self.lake_dir = lake_dir.resolve()
         self.schema = schema
-        self.host = host
+        self.serve = serve or ServeConfig(host=HOST)
+        self.host = self.serve.host
         self.connect_port = connect_port
         self.jdbc_port = jdbc_port
         self.master = master
@@ -127,6 +136,8 @@ class Server:
         self.names: list[str] = []
         self.fingerprint: str | None = None
         self.info: ServerInfo | None = None
+        #: The certificate (PEM) clients trust, when `--self-signed` made the keystore; `_serve.json` names it.
+        self.cert: Path | None = None
 
     def start(self) -> ServerInfo:
         """Start Spark with both endpoints, register the catalog, and write the state file once both answer."""
@@ -134,34 +145,50 @@ class Server:
 
         if not self.lake_dir.is_dir():
             raise ServeError(f"lake directory {self.lake_dir} does not exist; run `cdc run` first or pass the right --lake/--config")
-        running, _ = find_server(self.lake_dir)
+        running, _ = find_server(self.lake_dir, self.serve.expose)
         if running is not None:
-            raise ServeError(f"a server (pid {running.pid}) already serves this lake at {running.connect_url}; stop it first (Ctrl-C, or kill {running.pid})")
-        check_ports(self.host, {"--connect-port": self.connect_port, "--jdbc-port": self.jdbc_port})
+            raise ServeError(f"a server (pid {running.pid}) already serves this lake at {running.connect_url} (expose: {running.expose}); "
+                             f"stop it first (Ctrl-C, or kill {running.pid})")
+        found = security.resolve_secrets(self.serve)
+        security.check_exposure(self.serve, found)  # before any socket opens
+        if self.serve.connect_address == self.host:
+            check_ports(self.host, {"--connect-port": self.connect_port, "--jdbc-port": self.jdbc_port})
+        else:
+            check_ports(self.serve.connect_address, {"--connect-port": self.connect_port})
+            check_ports(self.host, {"--jdbc-port": self.jdbc_port})
         work_dir = machine_dir(self.lake_dir) / WORK_DIR
         for folder in ("warehouse", "hive-scratch/local", "hive-scratch/resources"):  # Hive logs an error per session without them
             (work_dir / folder).mkdir(parents=True, exist_ok=True)
-        self.progress(f"starting Spark ({self.master or 'local[2]'}) with Spark Connect on {self.host}:{self.connect_port} ...")
-        self.spark = get_spark("cdc-serve", master=self.master, conf=server_conf(self.host, self.connect_port, self.jdbc_port, work_dir),
+        if found.connect_token is not None:
+            os.environ[CONNECT_TOKEN_ENV] = found.connect_token  # Spark's server reads it from the environment it inherits
+        self.progress(f"starting Spark ({self.master or 'local[2]'}) with Spark Connect on {self.serve.connect_address}:{self.connect_port} "
+                      f"({'token required' if found.connect_token else 'no token'}) ...")
+        self.spark = get_spark("cdc-serve", master=self.master, conf=server_conf(self.serve, self.connect_port, self.jdbc_port, work_dir),
                                object_store=is_remote(self.lake_dir))
         self.refresh(force=True)
-        self.progress(f"starting the Thrift JDBC/ODBC server on {self.host}:{self.jdbc_port} ...")
+        transport = security.jdbc_transport(self.serve)
+        tls = self.serve.keystore is not None
+        self.progress(f"starting the Thrift JDBC/ODBC server on {self.host}:{self.jdbc_port} ({transport} transport, "
+                      f"login: {self.serve.jdbc_auth}, {'TLS' if tls else 'no TLS'}) ...")
+        security.apply_to_jvm(self.spark, self.serve, found)
         jvm = self.spark.sparkContext._jvm
         self.thrift = getattr(jvm, _THRIFT).startWithContext(self.spark._jsparkSession.sqlContext())
         self._wait_ready()
         self.info = ServerInfo(
             pid=os.getpid(), lake=str(self.lake_dir), schema=self.schema, host=self.host, connect_port=self.connect_port,
             jdbc_port=self.jdbc_port, started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            connect_host=self.serve.connect_address, connect_token=found.connect_token is not None, jdbc_transport=transport,
+            jdbc_auth=self.serve.jdbc_auth, tls=tls, cert=str(self.cert) if self.cert else None, expose=self.serve.expose,
         )
-        lake.write_json_atomic(state_path(self.lake_dir), asdict(self.info))
+        lake.write_json_atomic(state_path(self.lake_dir, self.serve.expose), asdict(self.info))
         return self.info
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
-        for port, what in ((self.connect_port, "Spark Connect"), (self.jdbc_port, "the Thrift JDBC/ODBC server")):
-            while not port_open(port, self.host):
+        for port, what, host in ((self.connect_port, "Spark Connect", self.serve.connect_address), (self.jdbc_port, "the Thrift JDBC/ODBC server", self.host)):
+            while not port_open(port, _reachable(host)):
                 if time.monotonic() > deadline:
-                    raise ServeError(f"{what} did not start listening on {self.host}:{port} within {READY_TIMEOUT:.0f} s; run with --verbose and check Spark's log")
+                    raise ServeError(f"{what} did not start listening on {host}:{port} within {READY_TIMEOUT:.0f} s; run with --verbose and check Spark's log")
                 time.sleep(0.2)
 
     def refresh(self, force: bool = False) -> bool:
@@ -169,7 +196,8 @@ class Server:
         fingerprint = lake_fingerprint(self.lake_dir)
         if not force and fingerprint == self.fingerprint:
             return False
-        self.names = register_catalog(self.spark, self.lake_dir, self.schema, previous=self.names, progress=self.progress)
+        self.names = register_catalog(self.spark, self.lake_dir, self.schema, previous=self.names, progress=self.progress,
+                                      expose=self.serve.expose)
         self.fingerprint = fingerprint
         return True
 
@@ -193,9 +221,9 @@ class Server:
         """Remove the state file (if it is ours), stop the Thrift server and Spark (and with it Spark Connect)."""
         from cdc_platform.spark.session import stop_spark
 
-        current = read_state(self.lake_dir)
+        current = read_state(self.lake_dir, self.serve.expose)
         if current is not None and current.pid == os.getpid():
-            state_path(self.lake_dir).unlink(missing_ok=True)
+            state_path(self.lake_dir, self.serve.expose).unlink(missing_ok=True)
         # Ctrl-C in a terminal (or a signal to the process group) reaches Spark's JVM too, which may be gone
         # by now; stopping is then already done, and a dead py4j gateway is no error of the user's.
         if self.thrift is not None:

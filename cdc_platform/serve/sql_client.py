@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +31,17 @@ REQUEST_TIMEOUT = 60
 _NESTED = {"ARRAY", "MAP", "STRUCT"}
 
 
+#: Where `cdc sql` takes a login for a server that asks for one (never from a flag: argv is public).
+USER_ENV = "CDC_SERVE_USER"
+PASSWORD_ENV = "CDC_SERVE_PASSWORD"
+#: A PEM file of the certificate (or its CA) that `cdc sql` trusts for a TLS endpoint, when `_serve.json` names none.
+CA_ENV = "CDC_SERVE_CA"
+_WILDCARD = ("0.0.0.0", "::", "")
+
+
 @dataclass(frozen=True)
 class ServerInfo:
-    """What `<lake>/_serve.json` says about the server: enough for a client to reach it."""
+    """What `<lake>/_serve.json` says about the server: enough for a client to reach it, and no secret."""
 
     pid: int
     lake: str
@@ -41,55 +50,102 @@ class ServerInfo:
     connect_port: int
     jdbc_port: int
     started_at: str
+    connect_host: str | None = None
+    connect_token: bool = False  # Spark Connect asks for SPARK_CONNECT_AUTHENTICATE_TOKEN
+    jdbc_transport: str = "binary"  # HiveServer2's binary or HTTP transport (`http` whenever it checks a login)
+    jdbc_auth: str = "none"  # none, password_file, ldap
+    tls: bool = False
+    cert: str | None = None  # the certificate (PEM) to trust, when `cdc serve --self-signed` made it
+    expose: str = "all"
+
+    @property
+    def client_host(self) -> str:
+        """The address a client on this machine uses (loopback for a server bound to every address)."""
+        return "127.0.0.1" if self.host in _WILDCARD else self.host
 
     @property
     def connect_url(self) -> str:
-        return f"sc://{self.host}:{self.connect_port}"
+        host = self.connect_host or self.host
+        host = "127.0.0.1" if host in _WILDCARD else host
+        if self.connect_token and host in ("127.0.0.1", "::1"):
+            host = "localhost"  # pyspark's client sends a token without TLS to `localhost` only
+        return f"sc://{host}:{self.connect_port}"
 
     @property
     def jdbc_url(self) -> str:
-        return f"jdbc:hive2://{self.host}:{self.jdbc_port}/{self.schema}"
+        url = f"jdbc:hive2://{self.client_host}:{self.jdbc_port}/{self.schema}"
+        if self.jdbc_transport == "http":
+            url += ";transportMode=http;httpPath=cliservice"
+        return url + (";ssl=true" if self.tls else "")
 
 
 class ServerUnavailable(Exception):
     """The server could not be used (gone, or no client library installed): the caller runs locally."""
 
 
-def state_path(lake_dir: LakePath) -> Path:
-    return machine_dir(lake_dir) / STATE_FILE
+class LoginRefused(Exception):
+    """The server refused the login `cdc sql` offered (a wrong user or password): the caller says so and stops."""
 
 
-def read_state(lake_dir: LakePath) -> ServerInfo | None:
+def login(info: ServerInfo, environ: dict[str, str] | None = None) -> tuple[str, str]:
+    """(user, password) for the server's JDBC endpoint: from CDC_SERVE_USER and CDC_SERVE_PASSWORD when it
+    checks a login; ServerUnavailable, saying what to set, when they are missing."""
+    env = os.environ if environ is None else environ
+    if info.jdbc_auth == "none":
+        return env.get(USER_ENV) or getpass.getuser(), "-"
+    user, password = env.get(USER_ENV), env.get(PASSWORD_ENV)
+    if not user or not password:
+        raise ServerUnavailable(f"the server at {info.jdbc_url} asks for a login ({info.jdbc_auth}); set {USER_ENV} and {PASSWORD_ENV} to use it")
+    return user, password
+
+
+#: A lake may have two servers at once, one per exposure: the owners' (`all`) and the analysts' (`clean`).
+EXPOSURES = ("all", "clean")
+
+
+def state_path(lake_dir: LakePath, expose: str = "all") -> Path:
+    """The state file of the lake's server of one exposure: `_serve.json` (all), `_serve.clean.json` (clean)."""
+    return machine_dir(lake_dir) / (STATE_FILE if expose == "all" else STATE_FILE.replace(".json", f".{expose}.json"))
+
+
+def read_state(lake_dir: LakePath, expose: str = "all") -> ServerInfo | None:
     """The state file's server, or None when there is none or it is unreadable (a client then runs locally)."""
     try:
-        doc = json.loads(state_path(lake_dir).read_text(encoding="utf-8"))
-        return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__})
+        doc = json.loads(state_path(lake_dir, expose).read_text(encoding="utf-8"))
+        return ServerInfo(**{k: doc[k] for k in ServerInfo.__dataclass_fields__ if k in doc})
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def wait_for_state(lake_dir: LakePath, exited: Callable[[], int | None], log: Path, timeout: float) -> ServerInfo:
+def wait_for_state(lake_dir: LakePath, exited: Callable[[], int | None], log: Path, timeout: float, expose: str = "all") -> ServerInfo:
     """The state a `cdc serve` started in another process writes once it is ready (for scripts, tests and
     benchmarks that start one). `exited` is the process's `poll`; ServerUnavailable, with the tail of its
     `log`, when it exits or `timeout` seconds pass first."""
     deadline = time.monotonic() + timeout
-    while (info := read_state(lake_dir)) is None:
+    while (info := read_state(lake_dir, expose)) is None:
         if exited() is not None or time.monotonic() > deadline:
             raise ServerUnavailable(f"cdc serve did not start (exit {exited()}): {log_tail(log, 5)}")
         time.sleep(0.5)
     return info
 
 
-def find_server(lake_dir: LakePath) -> tuple[ServerInfo | None, str | None]:
-    """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started)."""
-    info = read_state(lake_dir)
-    if info is None:
-        return None, None
-    if not pid_alive(info.pid):
-        return None, f"{state_path(lake_dir)} names a server (pid {info.pid}) that is no longer running"
-    if not port_open(info.jdbc_port, info.host):
-        return None, f"the server of {state_path(lake_dir)} (pid {info.pid}) does not answer on {info.jdbc_url}"
-    return info, None
+def find_server(lake_dir: LakePath, expose: str | None = None) -> tuple[ServerInfo | None, str | None]:
+    """(the running server for this lake, None) or (None, why there is none to use, or None if none was ever started).
+
+    `expose` None: the owners' server (`all`) when one runs, else the analysts' (`clean`)."""
+    why_not: str | None = None
+    for kind in (expose,) if expose else EXPOSURES:
+        info = read_state(lake_dir, kind)
+        if info is None:
+            continue
+        path = state_path(lake_dir, kind)
+        if not pid_alive(info.pid):
+            why_not = why_not or f"{path} names a server (pid {info.pid}) that is no longer running"
+        elif not port_open(info.jdbc_port, info.client_host):
+            why_not = why_not or f"the server of {path} (pid {info.pid}) does not answer on {info.jdbc_url}"
+        else:
+            return info, None
+    return None, why_not
 
 
 def remote_query(info: ServerInfo, query: str) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -105,12 +161,19 @@ def remote_query(info: ServerInfo, query: str) -> tuple[list[str], list[tuple[An
         from impala.error import HiveServer2Error, OperationalError
     except ImportError as exc:
         raise ServerUnavailable(f"the HiveServer2 client is not installed ({exc}); `pip install impyla` to use the server") from exc
+    user, password = login(info)
+    http = info.jdbc_transport == "http"
     try:
-        conn = connect(host=info.host, port=info.jdbc_port, auth_mechanism="PLAIN", user=getpass.getuser(), password="-",
+        conn = connect(host=info.client_host, port=info.jdbc_port, auth_mechanism="PLAIN", user=user, password=password,
+                       use_http_transport=http, http_path="cliservice" if http else "", use_ssl=info.tls,
+                       ca_cert=(info.cert or os.environ.get(CA_ENV)) if info.tls else None,
                        timeout=REQUEST_TIMEOUT, retries=1)  # one attempt: a server that is gone means run locally
         # `use:database` makes the lake's schema current when the session opens: no `USE` round trip.
         cursor = conn.cursor(configuration={"use:database": info.schema})
     except Exception as exc:  # impyla raises thrift's TTransportException, socket errors or its own
+        if "401" in str(exc) or "Unauthorized" in str(exc):
+            raise LoginRefused(f"the server at {info.jdbc_url} refused the login of {user!r} ({USER_ENV}, {PASSWORD_ENV}); "
+                               "check them (the server's log names every failed login)") from None
         raise ServerUnavailable(f"the server at {info.jdbc_url} does not answer ({type(exc).__name__}: {str(exc)[:200]})") from exc
     try:
         try:

@@ -20,13 +20,22 @@ for the one snapshot they pin. Tables are read at their latest version when a qu
 a new column shows in a table at once; a view's column list is fixed when it is created, so
 `lake_fingerprint` tells the owner when to register again (a new table, a changed schema, a changed
 registry).
+
+What is registered is `expose`: `all` (every name above) or `clean`, for a server that analysts
+reach: only `<name>__clean_view` and `<name>__consistent_view`. Their inputs (the storage, the folded
+state, the full view, the raw log and the transaction tables) get no name in the catalog at all: each
+clean view is one statement whose inputs are common table expressions over the Delta directories
+(`delta.`<location>``), built from the same SQL as the `all` views, so a query that names the raw log,
+a full view, a history or a `__stored` table fails as not found. That is a scope of names, not a
+sandbox: Spark lets any client of its endpoints read a Delta directory by its path and call Java
+through `reflect` (README, "Serving SQL").
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from cdc_platform import lake
@@ -92,8 +101,27 @@ def _check_schema(schema: str) -> None:
         raise ConfigError(f"catalog schema {schema!r} is not a usable name: lower-case letters, digits and _, starting with a letter")
 
 
+#: What a server registers: every table and view, or only the masked ones (`serve.expose` in cdc.yaml).
+EXPOSE_ALL = "all"
+EXPOSE_CLEAN = "clean"
+EXPOSE_CHOICES = (EXPOSE_ALL, EXPOSE_CLEAN)
+
+
+def path_relation(location: str) -> str:
+    """A Delta directory as a relation in SQL, with no name in the catalog."""
+    return f"delta.{q(location)}"
+
+
+def inlined(sql: str, inputs: Sequence[tuple[str, str]]) -> str:
+    """`sql` with each (name, SQL) of `inputs` defined before it as a common table expression: the names it
+    reads resolve to those definitions (a CTE shadows the catalog), so none of them needs to be registered."""
+    ctes = ",\n".join(f"{q(name)} AS (\n{body.strip()}\n)" for name, body in inputs)
+    return f"WITH {ctes}\nSELECT * FROM (\n{sql.strip()}\n)"
+
+
 def register_catalog(
-    spark: SparkSession, lake_dir: LakePath, schema: str, previous: Collection[str] = (), progress: Callable[[str], None] | None = None
+    spark: SparkSession, lake_dir: LakePath, schema: str, previous: Collection[str] = (), progress: Callable[[str], None] | None = None,
+    expose: str = EXPOSE_ALL,
 ) -> list[str]:
     """Register every table and view of the lake under `schema` in this session's catalog; return the names.
 
@@ -102,27 +130,34 @@ def register_catalog(
     no longer has are dropped; nothing else is, so a view a user created in the schema stays, and a table
     is only ever dropped from the catalog, never its data (every table here is external, at its location). Leaves the session's current schema set to `schema`: the persistent views' SQL names their
     inputs unqualified, and Spark resolves those in the schema that was current when the view was created.
+    With `expose="clean"` only the clean and consistent views are registered, their inputs inlined (module doc).
     """
     import pyarrow as pa
 
     _check_schema(schema)
+    if expose not in EXPOSE_CHOICES:
+        raise ConfigError(f"expose must be one of {', '.join(EXPOSE_CHOICES)}, got {expose!r}")
+    clean = expose == EXPOSE_CLEAN
     if not lake_dir.is_dir():
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {q(schema)} COMMENT {sql_string(f'cdc-platform lake {lake_dir}')}")
     spark.sql(f"USE {q(schema)}")
     present = lake.lake_tables(lake_dir)
     names: list[str] = []
+    locations: dict[str, str] = {}  # catalog name of a table -> its location
     for directory, name in storage_names(lake_dir).items():
-        location = sql_string(location_of(present[directory]))  # a bucket's S3A options are set on the way
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {q(schema)}.{q(name)} USING delta LOCATION {location}")
-        names.append(name)
+        locations[name] = location_of(present[directory])  # a bucket's S3A options are set on the way
+        if not clean:
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {q(schema)}.{q(name)} USING delta LOCATION {sql_string(locations[name])}")
+            names.append(name)
     views: list[tuple[str, str]] = []
     stored_types: dict[str, dict[str, str]] = {}  # table -> source column -> Spark type, for its consistent view
     # The fold's mark, read before the views are made: a view made with an older mark reads more of the raw
     # log's tail than it needs (never less), so the serve's refresh makes them again as the mark moves on.
     mark = lake.applied_through(lake_dir, LS.STAGE)
-    raw = f"{q(schema)}.{q(RAW)}"
-    dead = f"{q(schema)}.{q(DEAD_LETTER)}" if DEAD_LETTER in present else None
+    # An `expose: clean` server registers no tables, so its views read the raw log by its path.
+    raw = (path_relation(locations[RAW]) if clean else f"{q(schema)}.{q(RAW)}") if RAW in locations else None
+    dead = (path_relation(locations[DEAD_LETTER]) if clean else f"{q(schema)}.{q(DEAD_LETTER)}") if DEAD_LETTER in locations else None
     for table in lake.registered_tables(lake_dir):
         if table.name not in present:
             continue
@@ -130,17 +165,26 @@ def register_catalog(
         stored_types[table.name] = {name: LS.type_name(kind) for name, kind in columns.items()}
         types = stored_types[table.name]
         tail = TV.tail_sql(table, types, raw, mark, dead) if RAW in present and all(k in types for k in table.key) else None
-        views += latest_state_views(table, columns, stored_view_name(table.name), mask_salt(table), pending=True, truncates=True,
+        state = latest_state_views(table, columns, stored_view_name(table.name), mask_salt(table), pending=True, truncates=True,
                                    tail=tail, types=types)
+        if clean:
+            stored = stored_view_name(table.name)
+            *inputs, (view, sql) = state
+            views.append((view, inlined(sql, [(stored, f"SELECT * FROM {path_relation(locations[stored])}"), *inputs])))
+            continue
+        views += state
         if table.history and table.history_name in present:
             hschema = pa.schema(lake.open_table(present[table.history_name]).schema().to_arrow())
             hcols = LS.source_columns(hschema, LS.HISTORY_META)
             views.append((table.history_name, history_sql(stored_view_name(table.history_name), list(hcols), table.key)))
     if all(name in present for name in (RAW, T.TRANSACTIONS, T.WATERMARK)):
+        raw_inputs = [(name, f"SELECT * FROM {path_relation(locations[name])}") for name in (RAW, T.TRANSACTIONS, T.WATERMARK, DEAD_LETTER)
+                      if name in locations]
         for table in lake.registered_tables(lake_dir):
-            types = stored_types.get(table.name) or sampled_types(spark, f"{q(schema)}.{q(RAW)}", table)
+            raw = path_relation(locations[RAW]) if clean else f"{q(schema)}.{q(RAW)}"
+            types = stored_types.get(table.name) or sampled_types(spark, raw, table)
             sql = consistent_view_sql(table, types, mask_salt(table), dead_letters=DEAD_LETTER in present)
-            views.append((f"{table.name}__consistent_view", sql))
+            views.append((f"{table.name}__consistent_view", inlined(sql, raw_inputs) if clean else sql))
     for view, sql in views:
         _free_for_view(spark, schema, view)
         spark.sql(f"CREATE OR REPLACE VIEW {q(schema)}.{q(view)} AS {sql}")
@@ -154,5 +198,6 @@ def register_catalog(
             spark.sql(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} IF EXISTS {q(schema)}.{q(name)}")
     if progress is not None:
         dropped = f", dropped {', '.join(stale)}" if stale else ""
-        progress(f"catalog: {len(names)} tables and views under `{schema}`{dropped}")
+        scope = " (expose: clean, the masked views only)" if clean else ""
+        progress(f"catalog: {len(names)} tables and views under `{schema}`{scope}{dropped}")
     return names

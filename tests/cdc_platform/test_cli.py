@@ -271,7 +271,7 @@ def test_every_command_and_option_has_help_with_its_default() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     summaries = {a.dest: a.help for a in sub._choices_actions}
-    assert set(sub.choices) == {"run", "stream", "sql", "serve", "generate", "demo", "rebuild", "maintain", "repair", "backfill"}
+    assert set(sub.choices) == {"run", "stream", "sql", "serve", "serve-user", "generate", "demo", "rebuild", "maintain", "repair", "backfill"}
     for name, command in sub.choices.items():
         assert summaries[name] and command.description, name
         for action in command._actions:
