@@ -178,7 +178,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
         events_footprint=footprints["events"],
         markers_footprint=footprints["markers"],
         table_ids=tuple(sorted({r["group_table"] for r in changes if r["group_table"] is not None})),
-        table_clocks=_table_clocks(changes),
+        table_clocks=table_clocks(changes),
         marker_clock=(_newest(r["newest_marker_ts"] for r in markers), sum(int(r["transactional"]) for r in markers)),
     )
 
@@ -188,7 +188,7 @@ def _newest(values: Iterable[int | None]) -> int | None:
     return max(present) if present else None
 
 
-def _table_clocks(changes: list[dict[str, Any]]) -> tuple[TableClock, ...]:
+def table_clocks(changes: list[dict[str, Any]]) -> tuple[TableClock, ...]:
     """Each table's clock from the change groups; a null table id and "" are one stream, as the clocks name them."""
     clocks: dict[str, TableClock] = {}
     for r in changes:

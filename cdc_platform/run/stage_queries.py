@@ -46,6 +46,7 @@ from cdc_platform.stages.stage import (
     SparkStage,
     Stage,
     StageResult,
+    TableClock,
     run_spark_stage,
     run_stage,
 )
@@ -83,6 +84,8 @@ class _Shape:
     max_arrival: int | None
     applied_through: dt.datetime | None
     newest_source_ts: dt.datetime | None
+    table_clocks: tuple[TableClock, ...] = ()  # as the ingest's parse counts them (`parse_spark.table_clocks`)
+    marker_clock: tuple[int | None, int] = (None, 0)
 
 
 class StageQuery:
@@ -202,7 +205,8 @@ class StageQuery:
         with spark_jobs.labelled(self.name, f"cdc {self.name} batch {batch_id}"):
             shape = _shape_of(rows, self.reads_markers)
             events, markers = self._sides(rows, shape)
-            batch = SparkBatch(batch_id, events, markers, shape.table_ids, started, event_count=shape.events, marker_count=shape.markers)
+            batch = SparkBatch(batch_id, events, markers, shape.table_ids, started, event_count=shape.events, marker_count=shape.markers,
+                               table_clocks=shape.table_clocks, marker_clock=shape.marker_clock)
             result, seconds = self._run_stage(batch, ctx)
             landed = dict(result.rows_landed)
             dead = self._write_dead(result, ctx, landed)
@@ -302,30 +306,43 @@ class StageQuery:
 
 
 def _shape_of(rows: DataFrame, reads_markers: bool) -> _Shape:
-    """One small aggregate over the stage batch (a row per ingest batch it holds), collected."""
+    """One small aggregate over the stage batch (a row per ingest batch and table it holds), collected: the
+    counts, the ingest batches, and the clocks the transaction stage would otherwise aggregate for itself."""
     from pyspark.sql import functions as F
 
     kind = F.col(KIND)
     event = kind == "event"
-    groups = rows.groupBy(F.col("ingested_at").alias("at")).agg(
-        F.count(F.when(event, F.lit(1))).alias("events"),
-        F.count(F.when(kind == "marker", F.lit(1))).alias("markers"),
-        F.collect_set(F.when(event, F.col("table_id"))).alias("tables"),
+    clocked = event & (F.col("transaction_id").isNotNull() | F.col("source_ts").isNotNull())  # what a stream clock reads
+    marker_ts = (F.unix_micros(F.max(F.when((kind == "marker") & F.col("transaction_id").isNotNull(), F.col("marker_ts"))))
+                 if reads_markers else F.lit(None).cast("long"))
+    groups = rows.groupBy(F.col("ingested_at").alias("at"), F.col(KIND).alias("group_kind"),
+                          F.when(event, F.col("table_id")).alias("group_table")).agg(
+        F.count(F.lit(1)).alias("n"),
         F.max(F.when(event, F.col("arrival"))).alias("max_arrival"),
         F.unix_micros(F.max(F.when(event, F.col("source_ts")))).alias("newest_source_ts"),
+        F.count(F.when(clocked, F.lit(1))).alias("clocked"),
+        F.min(F.when(clocked, F.coalesce(F.col("source_name"), F.lit("")))).alias("clock_source"),
+        F.count(F.col("transaction_id")).alias("transactional"),
+        marker_ts.alias("newest_marker_ts"),
         F.unix_micros(F.col("at")).alias("at_micros"),
     ).collect()
-    at = sorted(_micros(r["at_micros"]) for r in groups if r["at_micros"] is not None)
-    arrivals = [int(r["max_arrival"]) for r in groups if r["max_arrival"] is not None]
-    sources = [int(r["newest_source_ts"]) for r in groups if r["newest_source_ts"] is not None]
+    rows_ = [r.asDict() for r in groups]
+    changes = [r | {"group_kind": "change"} for r in rows_ if r["group_kind"] == "event"]
+    markers = [r for r in rows_ if r["group_kind"] == "marker"]
+    at = sorted({_micros(r["at_micros"]) for r in rows_ if r["at_micros"] is not None})
+    arrivals = [int(r["max_arrival"]) for r in changes if r["max_arrival"] is not None]
+    sources = [int(r["newest_source_ts"]) for r in changes if r["newest_source_ts"] is not None]
+    marker_times = [int(r["newest_marker_ts"]) for r in markers if r["newest_marker_ts"] is not None]
     return _Shape(
-        events=sum(int(r["events"]) for r in groups),
-        markers=sum(int(r["markers"]) for r in groups),
-        table_ids=frozenset(t for r in groups for t in r["tables"] if t is not None),
+        events=sum(int(r["n"]) for r in changes),
+        markers=sum(int(r["n"]) for r in markers),
+        table_ids=frozenset(r["group_table"] for r in changes if r["group_table"] is not None),
         batches=tuple(at),
         max_arrival=max(arrivals) if arrivals else None,
         applied_through=at[-1] if at else None,
         newest_source_ts=_micros(max(sources)) if sources else None,
+        table_clocks=parse_spark.table_clocks(changes),
+        marker_clock=(max(marker_times) if marker_times else None, sum(int(r["transactional"]) for r in markers)),
     )
 
 

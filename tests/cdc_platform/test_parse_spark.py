@@ -160,4 +160,4 @@ def test_the_stream_runs_no_clock_aggregate_of_its_own(
     cfg = make_config(TABLES)
     land(None, [line for batch, _ in random_batches(5)[:3] for line in batch])
     report = run_pipeline(cfg)
-    assert report.batches and sum(b.rows_landed.get("transactions", 0) for b in report.batches) > 0
+    assert report.batches and sum(b.rows_landed.get("transactions", 0) for b in report.stage_batches) > 0

@@ -57,7 +57,7 @@ def test_buckets_change_nothing(make_config, query) -> None:  # noqa: ANN001
     cfg = make_config({ORDERS: {"key": ["id"], "history": True}})
     small = {"fields": [{"type": "int32", "optional": False, "field": "id"}, {"type": "int16", "optional": True, "field": "qty"},
                         {"type": "string", "optional": True, "field": "code"}]}
-    feed = Feed(cfg)
+    feed = Feed(cfg, tail_check=False)  # the fold retypes and dead-letters here, which the tail shows only once folded
     feed([c(i, 100 + i, qty=i, code=i) for i in range(1, 30)])  # qty and code inferred as integers
     feed([ev("u", pos=200 + i, after={"id": i, "qty": i + 1, "code": f"C{i}"}, schema=small) for i in range(1, 30, 3)])  # declared
     feed([key_change(i, 100 + i, 300 + i, qty=i, code=i) for i in range(2, 30, 4)])
