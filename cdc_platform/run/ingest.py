@@ -440,22 +440,21 @@ class IngestJob:
         """
         t0 = time.perf_counter()
         counts = [len(q.reports) for q in self.stage_queries]
-        query = self.start(spark, available_now=False, interval=interval)
-        stages = StageRunner(spark, self.stage_queries, interval or self.config.trigger_interval, self.progress)
-        stop_watch = threading.Event()
-        watcher = stages.watch(stop_watch)
+        running = self.start_streaming(spark, interval)
         try:
-            self._await(query, timeout, stop)
+            self._await(running.query, timeout, stop)
         except KeyboardInterrupt:
             self.progress("stopping after the current batch ...")
         finally:
-            stop_watch.set()
-            watcher.join()
-            self.stop_after_batch(query)
-            stages.stop()
+            running.stop()
         self.flush_folded_metrics()
         stage_reports = [r for q, n in zip(self.stage_queries, counts) for r in q.reports[n:]]
         return RunReport(batches=list(self.reports), seconds=time.perf_counter() - t0, stage_batches=stage_reports)
+
+    def start_streaming(self, spark: SparkSession, interval: str | None = None) -> Streaming:
+        """Start the ingest and every stage query beside it, and return at once (`run_continuously` waits on
+        it; programs and tests that embed the stream hold the handle and `stop` it)."""
+        return Streaming(self, spark, interval)
 
     def stop_after_batch(self, query: StreamingQuery) -> None:
         """Stop a started stream without interrupting a batch: the one in flight, if any, commits whole;
@@ -485,3 +484,26 @@ class IngestJob:
             raise CdcError(f"the streaming job failed: {str(exc).splitlines()[0]}") from exc
         if self._failure is not None:
             raise self._failure
+
+
+class Streaming:
+    """A started stream: the ingest query, and the stage queries beside it with the thread that tends them
+    (restarts a failed one after a pause, calls an idle one's `on_idle`)."""
+
+    def __init__(self, job: IngestJob, spark: SparkSession, interval: str | None) -> None:
+        self.job = job
+        self.query = job.start(spark, available_now=False, interval=interval)
+        self.stages = StageRunner(spark, job.stage_queries, interval or job.config.trigger_interval, job.progress)
+        self._stop_watch = threading.Event()
+        self._watcher = self.stages.watch(self._stop_watch)
+
+    def stage_failures(self) -> dict[str, BaseException]:
+        """The stage queries whose last batch failed (each is started again after its pause), by name."""
+        return {q.name: q.failure for q in self.job.stage_queries if q.failure is not None}
+
+    def stop(self) -> None:
+        """Stop every query after its batch in flight (none is interrupted mid-batch)."""
+        self._stop_watch.set()
+        self._watcher.join()
+        self.job.stop_after_batch(self.query)
+        self.stages.stop()

@@ -38,8 +38,9 @@ def quote(name: str) -> str:
 
 
 def volatile(column: str) -> bool:
-    """Columns that record when, or in which micro-batch, a row was written: they differ between two runs."""
-    return column.endswith(("_at", "_batch")) or column in ("batch_id", "_seq", "query_id")
+    """Columns that record when, or in which micro-batch, a row was written (or how long it took): they differ
+    between two runs."""
+    return column.endswith(("_at", "_batch")) or column in ("batch_id", "_seq", "query_id", "applied_through", "stage_seconds", "stage_figures")
 
 
 def _canon(value: Any) -> Any:

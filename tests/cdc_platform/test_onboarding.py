@@ -89,7 +89,7 @@ def test_a_table_added_while_the_stream_runs_is_onboarded_with_its_past(spark: A
     land("a.jsonl", [event("customers", 1), event("audits", 2, row_id=1, note="one"), event("audits", 3, row_id=2, note="two")])
     said: list[str] = []
     job = IngestJob(cfg, progress=said.append)
-    query_ = job.start(spark, available_now=False, interval="500 milliseconds")
+    running = job.start_streaming(spark, interval="500 milliseconds")
     try:
         def wait(what: str, condition: Any, timeout: float = 120.0) -> None:
             deadline = time.monotonic() + timeout
@@ -104,8 +104,8 @@ def test_a_table_added_while_the_stream_runs_is_onboarded_with_its_past(spark: A
         land("b.jsonl", [event("audits", 4, "u", row_id=1, note="one v2"), event("audits", 5, "d", row_id=2), event("audits", 6, row_id=3, note="three")])
         wait("the later changes land", lambda: sum(b.rows_read for b in list(job.reports)) >= 6)
     finally:
-        job.stop_after_batch(query_)
-    assert job._failure is None
+        running.stop()
+    assert job._failure is None and running.stage_failures() == {}
     assert any(m.startswith("onboarded payments.audits as audits") for m in said), said
     assert live(query, cfg, "audits") == [{"id": 1, "note": "one v2"}, {"id": 3, "note": "three"}]
     assert query(cfg, "SELECT count(*) AS n FROM dead_letter") == [{"n": 0}]

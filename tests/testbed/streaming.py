@@ -36,7 +36,8 @@ class Running:
 
     def __init__(self, spark: Any, cfg: PlatformConfig) -> None:
         self.job = IngestJob(cfg)
-        self.query = self.job.start(spark, available_now=False, interval="1 second")
+        self.streaming = self.job.start_streaming(spark, interval="1 second")
+        self.query = self.streaming.query
 
     def wait(self, what: str, condition: Callable[[], bool], timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -46,11 +47,11 @@ class Running:
             assert self.query.isActive, f"the stream stopped: {self.query.exception()}"
             if condition():
                 return
-            assert time.monotonic() < deadline, f"{what}: not reached after {timeout:.0f} s"
+            assert time.monotonic() < deadline, f"{what}: not reached after {timeout:.0f} s (stage failures: {self.streaming.stage_failures()})"
             time.sleep(2.0)
 
     def stop(self) -> None:
-        self.job.stop_after_batch(self.query)  # `query.stop()` alone interrupts a batch in flight (CI saw it)
+        self.streaming.stop()  # after the batches in flight: `query.stop()` alone interrupts a batch (CI saw it)
         if self.job._failure is not None:
             raise self.job._failure
 
