@@ -147,18 +147,37 @@ class Poller:
             new += 1
         return new
 
+    def drain(self, alive: Any, interval: float, quiet: float = 15.0, limit: float = 120.0, until_ts: float | None = None) -> bool:
+        """Poll until nothing new shows up for `quiet` seconds (or `limit`, or the stream exits); with `until_ts`
+        (epoch seconds), until a row sourced at or after it is seen instead, however long a batch takes.
+        Returns whether the lake caught up (always true without `until_ts`)."""
+        deadline, last_new = time.perf_counter() + limit, time.perf_counter()
+        while time.perf_counter() < deadline and alive():
+            if self.poll():
+                last_new = time.perf_counter()
+            if until_ts is not None:
+                if self.watermark >= until_ts * 1e6:
+                    return True
+            elif time.perf_counter() - last_new > quiet:
+                break
+            time.sleep(interval)
+        return until_ts is None
+
 
 def full_views(spark: Any, lake_dir: Path, names: list[str], suffix: str = "__full_view") -> Callable[[int], Any]:
     """A poll of the latest-state tables' full views (or, with `suffix`, another view of each), as `cdc sql` reads them."""
     from cdc_platform import lake
-    from cdc_platform.views import register_consistent_views, register_latest_state_views
+    from cdc_platform.views import register_consistent_views, register_latest_state_views, register_tables
 
     def fetch(since: int) -> Any:
         if not lake.exists(lake.table_path(lake_dir, names[0])):
             return None
         register_latest_state_views(spark, lake_dir)
-        if suffix == "__consistent_view":
-            register_consistent_views(spark, lake_dir)
+        if suffix == "__consistent_view":  # they read the transaction stage's tables too, as a reader's session has them
+            present = lake.lake_tables(lake_dir)
+            register_tables(spark, lake_dir, [n for n in ("transactions", "consistency_watermark", "dead_letter") if n in present])
+            if not register_consistent_views(spark, lake_dir):
+                return None
         union = " UNION ALL ".join(f"SELECT _event_id, _source_ts FROM `{n}{suffix}` WHERE _source_ts >= timestamp_micros({since})" for n in names)
         return spark.sql(union).toArrow()
 
@@ -193,22 +212,6 @@ def floor_stream(landing: str, target: str, trigger: str) -> int:
     except KeyboardInterrupt:
         query.stop()
     return 0
-
-    def drain(self, alive: Any, interval: float, quiet: float = 15.0, limit: float = 120.0, until_ts: float | None = None) -> bool:
-        """Poll until nothing new shows up for `quiet` seconds (or `limit`, or the stream exits); with `until_ts`
-        (epoch seconds), until a row sourced at or after it is seen instead, however long a batch takes.
-        Returns whether the lake caught up (always true without `until_ts`)."""
-        deadline, last_new = time.perf_counter() + limit, time.perf_counter()
-        while time.perf_counter() < deadline and alive():
-            if self.poll():
-                last_new = time.perf_counter()
-            if until_ts is not None:
-                if self.watermark >= until_ts * 1e6:
-                    return True
-            elif time.perf_counter() - last_new > quiet:
-                break
-            time.sleep(interval)
-        return until_ts is None
 
 
 def report(poller: Poller, warm_ids: set[str], started_at: float, warmup: float, metrics_path: Path | None, out: dict[str, Any],
