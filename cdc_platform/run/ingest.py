@@ -75,9 +75,13 @@ def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     """The stages after the raw log, in data-flow order."""
     # Imported here, not at the top: a tool that only reads or writes the raw log need not load the stages.
     from cdc_platform.stages.latest_state import LatestStateStage
+    from cdc_platform.stages.outbox import OutboxStage
     from cdc_platform.stages.transactions import SparkTransactionStage
 
-    return [LatestStateStage(), SparkTransactionStage()]
+    stages: list[Stage | SparkStage] = [LatestStateStage(), SparkTransactionStage()]
+    if config.outbox is not None:  # its own query only where there is an outbox: a lake without one keeps its stage set
+        stages.append(OutboxStage())
+    return stages
 
 
 def _now() -> dt.datetime:
