@@ -183,3 +183,18 @@ def test_a_payload_schema_spark_cannot_read_stops_setup(make_config) -> None:
     cfg = make_config(outbox={**OUTBOX, "payload_schema": {"Order": "event_id string"}})
     with pytest.raises(ConfigError, match="clash"):
         OutboxStage().setup(cfg)
+
+
+def test_the_catalog_registers_the_latest_views_but_not_for_a_clean_server(make_config, land, run_pipeline, spark) -> None:
+    """`cdc serve`'s catalog (`views.catalog`): each event table and its `__latest_view`; `expose: clean` shows neither."""
+    from cdc_platform.views.catalog import register_catalog
+
+    cfg = make_config(outbox=OUTBOX)
+    land(None, [event(1, "a", aggregate_id="A", type_="t1"), event(2, "b", aggregate_id="A", type_="t2")])
+    run_pipeline(cfg)
+    names = register_catalog(spark, cfg.lake, "outboxcat")
+    assert {"order_events", "order_events__latest_view"} <= set(names)
+    rows = spark.sql("SELECT aggregate_id, event_id FROM outboxcat.order_events__latest_view").collect()
+    assert [(r["aggregate_id"], r["event_id"]) for r in rows] == [("A", "b")]
+    clean = register_catalog(spark, cfg.lake, "outboxclean", expose="clean")
+    assert not any(n.startswith("order_events") for n in clean)
