@@ -7,6 +7,9 @@ import datetime as dt
 import json
 from typing import Any
 
+import yaml
+
+from cdc_platform.config import load_config
 from cdc_platform.parse import parse_spark
 from cdc_platform.parse.envelope import KeySpec
 from cdc_platform.run.ingest import IngestJob
@@ -68,13 +71,7 @@ def test_routed_records_land_like_the_outbox_tables_own_events(make_config, spar
 
     # The same events through the outbox table's change events, in another lake: the same table.
     other = tmp_path / "other"
-    other.mkdir()
-    from tests.cdc_platform.test_outbox import OUTBOX  # noqa: F401 - the table input's config
-    import yaml
-
-    from cdc_platform.config import load_config
-
-    (other / "landing").mkdir()
+    (other / "landing").mkdir(parents=True)
     (other / "cdc.yaml").write_text(yaml.safe_dump({"landing": "landing", "lake": "lake", "outbox": {"table": "shop.outbox"}}), encoding="utf-8")
     (other / "landing" / "p.jsonl").write_text("\n".join([
         change("outbox", "c", 1, outbox_row("e1", "Order", "1", "order_created", '{"total": 5, "id": 1}')),

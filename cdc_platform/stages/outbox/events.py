@@ -166,8 +166,8 @@ def derive(rows: DataFrame, config: OutboxConfig, reserved_names: Sequence[str])
     return out.withColumn("content_hash", content_hash(out, cols.additional))
 
 
-def payload_struct(spark: object, ddl: str) -> object:
-    """A declared payload schema as Spark's type, or a `ConfigError` naming what Spark could not read."""
+def payload_struct(ddl: str) -> object:
+    """A declared payload schema as Spark's type (parsed by the running Spark), or a `ConfigError` naming what it could not read."""
     from pyspark.sql.types import StructType
 
     from cdc_platform.errors import ConfigError

@@ -67,7 +67,7 @@ class OutboxStage:
             raise ConfigError(f"outbox.columns.additional: {', '.join(clash)} would clash with the event tables' own columns; "
                               "leave them out or rename them in the outbox table")
         for name, ddl in T.payload_schemas(outbox).items():
-            self._payload[name] = E.payload_struct(None, ddl)
+            self._payload[name] = E.payload_struct(ddl)
 
     def reserved_names(self, config: PlatformConfig) -> list[str]:
         """Lake names an event table may not take: the platform's tables and the configured tables' (and histories')."""
