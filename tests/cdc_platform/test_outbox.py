@@ -81,7 +81,13 @@ def test_inserts_land_per_aggregate_type_and_housekeeping_changes_nothing(make_c
     assert dead(query, cfg) == []
 
 
-def test_a_redelivered_event_lands_once_and_a_reused_id_is_a_dead_letter(make_config, land, run_pipeline, query) -> None:
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_redelivered_event_lands_once_and_a_reused_id_is_a_dead_letter(make_config, land, run_pipeline, query, monkeypatch, listed) -> None:
+    """`listed`: the stored rows of the ids met again are read by an IN list; else (many ids) by a join."""
+    from cdc_platform.stages.outbox import landing
+
+    if not listed:
+        monkeypatch.setattr(landing, "MAX_LISTED_IDS", 0)
     cfg = make_config(outbox=OUTBOX)
     land(None, [event(1, "e1", payload={"a": 1}), event(2, "e2", payload={"a": 2})])
     run_pipeline(cfg)
@@ -89,11 +95,20 @@ def test_a_redelivered_event_lands_once_and_a_reused_id_is_a_dead_letter(make_co
     # e2 with other content (a different event reusing the id), and in the batch itself e4 twice, differently.
     land(None, [change("outbox", "r", 3, outbox_row("e1", "Order", "1", "order_created", '{ "a" : 1 }')),
                 event(4, "e2", payload={"a": "changed"}),
-                event(5, "e4", payload={"v": 1}), event(6, "e4", payload={"v": 2}), event(7, "e4", payload={"v": 1})])
+                event(5, "e4", payload={"v": 1}), event(6, "e4", payload={"v": 2}), event(7, "e4", payload={"v": 1}),
+                event(8, "e1", aggregate="Payment", payload={"a": 1})])  # an id of another event table: a conflict too
     run_pipeline(cfg)
     assert [(r["event_id"], r["payload"]) for r in rows(query, cfg, "order_events")] == [("e1", '{"a":1}'), ("e2", '{"a":2}'), ("e4", '{"v":1}')]
+    assert "payment_events" not in lake.lake_tables(cfg.lake)
     letters = dead(query, cfg)
-    assert [c for c, _ in letters] == ["outbox_id_conflict", "outbox_id_conflict"]
+    assert [c for c, _ in letters] == ["outbox_id_conflict"] * 3
+    assert sum("e1 is already taken in this batch" in r for _, r in letters) == 1, letters
+    # A later batch: an id stored in another event table is a conflict too, and creates no table of its own.
+    land(None, [event(9, "e2", aggregate="Payment", payload={"a": 2})])
+    run_pipeline(cfg)
+    assert "payment_events" not in lake.lake_tables(cfg.lake)
+    letters = dead(query, cfg)
+    assert len(letters) == 4 and sum("e2 is already stored in order_events" in r for _, r in letters) == 2, letters
     assert any("e2 is already stored in order_events" in r for _, r in letters), letters
     assert any("e4 is already taken in this batch" in r for _, r in letters), letters
 
@@ -182,6 +197,9 @@ def test_a_payload_schema_spark_cannot_read_stops_setup(make_config) -> None:
         OutboxStage().setup(cfg)
     cfg = make_config(outbox={**OUTBOX, "payload_schema": {"Order": "event_id string"}})
     with pytest.raises(ConfigError, match="clash"):
+        OutboxStage().setup(cfg)
+    cfg = make_config(outbox={**OUTBOX, "columns": {"additional": ["source_ts"]}})
+    with pytest.raises(ConfigError, match="outbox.columns.additional: source_ts would clash"):
         OutboxStage().setup(cfg)
 
 
