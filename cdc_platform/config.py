@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from cdc_platform.config_outbox import OutboxConfig, check_outbox_source, parse_outbox
 from cdc_platform.config_serve import ServeConfig, parse_serve
 from cdc_platform.config_source import SourceConfig, parse_source
 from cdc_platform.errors import ConfigError
@@ -64,6 +65,7 @@ _TOP_KEYS = {
     "repair",
     "object_store",
     "serve",
+    "outbox",
 }
 _CATALOG_KEYS = {"schema"}
 #: The schema (database) `cdc serve` registers the lake's tables and views under, unless `catalog.schema` says.
@@ -195,6 +197,8 @@ class PlatformConfig:
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     #: `cdc serve`: address, logins, TLS and what it exposes (`serve:`; config_serve.py).
     serve: ServeConfig = field(default_factory=ServeConfig)
+    #: Services' outbox events landed as event tables (`outbox:`; config_outbox.py); None: no outbox.
+    outbox: OutboxConfig | None = None
 
     @property
     def lake_is_remote(self) -> bool:
@@ -367,6 +371,8 @@ def parse_config(
     catalog = parse_catalog(raw.get("catalog"), where)
     source_connection = parse_source_connection(raw.get("source_connection"), where)
     repair = parse_repair(raw.get("repair"), where, source.kafka.bootstrap_servers if source.kafka is not None else None, environ)
+    outbox = parse_outbox(raw.get("outbox"), where)
+    check_outbox_source(outbox, source.kafka, where)
 
     return PlatformConfig(
         catalog=catalog,
@@ -387,6 +393,7 @@ def parse_config(
         repair=repair,
         object_store=object_store,
         serve=parse_serve(raw.get("serve"), where, base),
+        outbox=outbox,
     )
 
 

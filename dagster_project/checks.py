@@ -27,6 +27,7 @@ from dagster import (
 
 from cdc_platform import backfill, checks
 from cdc_platform.checks import quality
+from cdc_platform.checks import outbox as outbox_checks
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import table_path
 from dagster_project import metadata as md
@@ -34,7 +35,7 @@ from dagster_project.assets import REPAIR_ASSET, fresh_assets
 from dagster_project.resources import CdcResource
 
 #: Check names that the hourly coverage-and-completeness schedule runs.
-SCHEDULED_CHECKS = ("coverage", "source_coverage", "completeness")
+SCHEDULED_CHECKS = ("coverage", "source_coverage", "completeness", "outbox_consistency")
 #: The job the hourly schedule runs: its source coverage checks repair what they find when `repair.auto` is on.
 CHECK_JOB = "coverage_and_completeness_checks"
 
@@ -148,6 +149,13 @@ COMPLETENESS = PlatformCheck(
     lambda cdc: checks.completeness(cdc.spark(), cdc.lake, cdc.config.transaction_timeout, cdc.config.transaction_retention),
 )
 
+OUTBOX_CONSISTENCY = PlatformCheck(
+    AssetCheckSpec("outbox_consistency", asset="transactions",
+                   description="Every completed transaction holding outbox events also holds the business changes `outbox.expectations` "
+                               "names for their types; metadata names the transactions that do not."),
+    lambda cdc: outbox_checks.outbox_consistency(cdc.spark(), cdc.config),
+)
+
 
 def freshness_policy_checks(config: PlatformConfig) -> Sequence[AssetChecksDefinition]:
     """The freshness SLO as Dagster's own freshness checks (`freshness_check` on the raw log and each
@@ -176,6 +184,8 @@ def freshness_policy_sensor(policy: Sequence[AssetChecksDefinition]) -> SensorDe
 
 def platform_checks(config: PlatformConfig) -> list[PlatformCheck]:
     built = [RAW_FRESHNESS, NEW_DEAD_LETTERS, COMPLETENESS, gx_check("raw_change_events"), gx_check("dead_letter"), gx_check("transactions")]
+    if config.outbox is not None:
+        built.append(OUTBOX_CONSISTENCY)
     for table in config.tables:
         built += [coverage_check(table), freshness_check(table), gx_check(table.name, table.key, latest_state=True)]
         if config.source_connection is not None:

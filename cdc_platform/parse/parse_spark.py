@@ -38,6 +38,8 @@ from cdc_platform.parse.envelope import KeySpec
 from cdc_platform.lake.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.lake.lake_spark import spark_schema
 from cdc_platform.parse.parsed_batches import parse_arrow_batches
+from cdc_platform.config_outbox import OutboxConfig
+from cdc_platform.sources import outbox_routed
 from cdc_platform.sources.streams import input_columns
 from cdc_platform.stages.stage import ParsedBatch, TableClock
 
@@ -56,23 +58,32 @@ def _parse_partition(batches: Iterator[pa.RecordBatch], keys: KeySpec) -> Iterat
     yield from parse_arrow_batches(batches, keys)
 
 
-def parse_lines(lines: DataFrame, keys: KeySpec, parser: str | None = None) -> DataFrame:
+def parse_lines(lines: DataFrame, keys: KeySpec, parser: str | None = None, outbox: OutboxConfig | None = None) -> DataFrame:
     """Lines in `sources.py`'s column contract -> `PARSED` rows plus their input order (`SEQ`), parsed on the executors.
 
     `parser` is `jvm` or `python`; None reads the session's `spark.cdc.parser` (default `jvm`). The order
     is taken after parsing: either parser emits one row per line in the order it reads them and keeps
-    the partitioning, so (partition, row) is the lines' order.
+    the partitioning, so (partition, row) is the lines' order. With `outbox` topics, the Event Router's
+    routed records of those topics become rows by Spark expressions instead (`sources.outbox_routed`), and
+    every other record is parsed as before; each side keeps its partitions, so the order holds.
     """
     from pyspark.sql import functions as F
 
     chosen = parser or lines.sparkSession.conf.get(PARSER_CONF, "jvm")
     if chosen not in PARSERS:
         raise ConfigError(f"{PARSER_CONF} is {chosen!r}; it must be one of {', '.join(PARSERS)}")
+    routed_where = outbox_routed.is_routed(outbox, lines.columns)
+    routed = None
+    if routed_where is not None and outbox is not None:
+        routed = outbox_routed.routed_rows(lines.where(routed_where), outbox)
+        lines = lines.where(~routed_where)
     lines = lines.select(*input_columns(lines.columns))
     if chosen == "jvm":
         parsed = jvm_parse.parse_rows(lines, keys)
     else:
         parsed = lines.mapInArrow(partial(_parse_partition, keys=keys), spark_schema(schemas.PARSED))
+    if routed is not None:
+        parsed = parsed.select(*routed.columns).unionByName(routed)
     return parsed.withColumn(SEQ, F.monotonically_increasing_id())
 
 

@@ -75,9 +75,13 @@ def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     """The stages after the raw log, in data-flow order."""
     # Imported here, not at the top: a tool that only reads or writes the raw log need not load the stages.
     from cdc_platform.stages.latest_state import LatestStateStage
+    from cdc_platform.stages.outbox import OutboxStage
     from cdc_platform.stages.transactions import SparkTransactionStage
 
-    return [LatestStateStage(), SparkTransactionStage()]
+    stages: list[Stage | SparkStage] = [LatestStateStage(), SparkTransactionStage()]
+    if config.outbox is not None:  # its own query only where there is an outbox: a lake without one keeps its stage set
+        stages.append(OutboxStage())
+    return stages
 
 
 def _now() -> dt.datetime:
@@ -353,7 +357,7 @@ class IngestJob:
             started = _now()
             with self.gate.lock:
                 self.onboard_added_tables()
-            parsed = parse_spark.parse_lines(self._lines(df), self.keys)
+            parsed = parse_spark.parse_lines(self._lines(df), self.keys, outbox=self.config.outbox)
             with self.gate.lock, spark_jobs.in_pool("ingest"):
                 self.gate.check(batch_id)
                 report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)

@@ -9,6 +9,7 @@ the same columns:
 | `source_file` (string) | the file's path | `kafka:<topic>/<partition>@<offset>`: dead letters and markers, which have no Kafka columns, still name the record |
 | `kafka_key` (string) | - | the record's key as JSON text: the file dump's `{"key": ...}`, naming the row of a delete without `before` |
 | `kafka_topic`, `kafka_partition`, `kafka_offset` | - | the record's origin, kept in the raw log (null there for files) |
+| `kafka_headers`, `kafka_timestamp` | - | only when `outbox.topics` names routed topics: the record's headers and timestamp (`outbox_routed.py`; the parser never reads them) |
 | `reject_code`, `reject_reason` (string) | - | `format: avro` only: why the record is no line (its schema id unknown to the registry, its bytes not Avro); the parser dead-letters it with these, `value` then holds its bytes in base64 |
 
 The Kafka stream goes through Spark's Kafka connector (`format("kafka")`, jars from `jvm/jars/`).
@@ -36,6 +37,10 @@ from cdc_platform.config_source import KafkaSourceConfig
 from cdc_platform.errors import CdcError, ConfigError
 from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
 
+#: With routed outbox topics (`outbox_routed.py`): each record's headers and timestamp beside the contract's columns.
+HEADERS_COLUMN = "kafka_headers"
+TIMESTAMP_COLUMN = "kafka_timestamp"
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -49,7 +54,7 @@ INPUT_COLUMNS: tuple[str, ...] = (*KAFKA_COLUMNS, REJECT_CODE, REJECT_REASON)
 def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
     """The streaming DataFrame of the configured source, in the column contract above."""
     if config.source.kafka is not None:
-        return kafka_stream(spark, config.source.kafka)
+        return kafka_stream(spark, config.source.kafka, headers=config.outbox is not None and bool(config.outbox.topics))
     return file_stream(spark, config)
 
 
@@ -86,14 +91,18 @@ def file_stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
     )
 
 
-def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig) -> DataFrame:
+def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig, *, headers: bool = False) -> DataFrame:
     """The Kafka records of the configured topics (or pattern), one row per record (keys and values as
-    bytes for `format: avro`, which `batch_lines` decodes per micro-batch)."""
+    bytes for `format: avro`, which `batch_lines` decodes per micro-batch). With `headers` (the outbox's
+    routed topics are read: `outbox.topics`) also each record's headers and timestamp, which the routed
+    records carry their event id, type and time in (`outbox_routed.py`); the parser never reads them."""
     from pyspark.sql import functions as F
 
     reader = spark.readStream.format("kafka")
     for name, value in kafka.spark_options().items():
         reader = reader.option(name, value)
+    if headers:
+        reader = reader.option("includeHeaders", "true")
     records = reader.load()
     text = kafka.format != "avro"
     return records.select(
@@ -104,6 +113,7 @@ def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig) -> DataFrame:
         F.col("topic").alias("kafka_topic"),
         F.col("partition").cast("int").alias("kafka_partition"),
         F.col("offset").cast("long").alias("kafka_offset"),
+        *([F.col("headers").alias(HEADERS_COLUMN), F.col("timestamp").alias(TIMESTAMP_COLUMN)] if headers else []),
     )
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.views import connect_sql as CS
 from cdc_platform.views import tail as TV
+from cdc_platform.views.outbox_sql import latest_event_sql, latest_view_name
 from cdc_platform.views.latest_state_sql import (
     CLEAN_SUFFIX,
     FULL_SUFFIX,
@@ -36,6 +37,7 @@ from cdc_platform.lake import lake_spark
 from cdc_platform.lake.lake_spark import sql_string
 from cdc_platform.stages import latest_state as LS
 from cdc_platform.stages import transactions as T
+from cdc_platform.stages.outbox import event_tables
 from cdc_platform.config import TableConfig, mask_salt
 from cdc_platform.errors import LakeError
 from cdc_platform.stages.stage import DEAD_LETTER, MARKERS, RAW
@@ -63,6 +65,20 @@ def register_lake(spark: SparkSession, lake_dir: LakePath) -> list[str]:
     names.extend(tables)
     names.extend(register_latest_state_views(spark, lake_dir, versions, mark=mark))
     names.extend(register_consistent_views(spark, lake_dir))
+    names.extend(register_outbox_views(spark, lake_dir, tables))
+    return names
+
+
+def register_outbox_views(spark: SparkSession, lake_dir: LakePath, present: Mapping[str, Any]) -> list[str]:
+    """`<aggregatetype>_events__latest_view` for each outbox event table registered (`views.outbox_sql`)."""
+    names = []
+    for name in sorted(event_tables(lake_dir)):
+        if name not in present:
+            continue
+        view = latest_view_name(name)
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {lake.quote_identifier(view)} AS "
+                  f"{latest_event_sql(lake.quote_identifier(name), spark.table(lake.quote_identifier(name)).columns)}")
+        names.append(view)
     return names
 
 

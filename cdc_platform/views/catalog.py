@@ -50,6 +50,8 @@ from cdc_platform.storage import LakePath
 from cdc_platform.views import tail as TV
 from cdc_platform.views import consistent_view_sql, sampled_types, stored_view_name
 from cdc_platform.views.latest_state_sql import history_sql, latest_state_views
+from cdc_platform.views.outbox_sql import latest_event_sql, latest_view_name
+from cdc_platform.stages.outbox import event_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -185,6 +187,11 @@ def register_catalog(
             types = stored_types.get(table.name) or sampled_types(spark, raw, table)
             sql = consistent_view_sql(table, types, mask_salt(table), dead_letters=DEAD_LETTER in present)
             views.append((f"{table.name}__consistent_view", inlined(sql, raw_inputs) if clean else sql))
+    if not clean:  # event tables are not masked: an `expose: clean` server shows none of them
+        for name in sorted(event_tables(lake_dir)):
+            if name in present:
+                columns = [f.name for f in lake.open_table(present[name]).schema().to_arrow()]
+                views.append((latest_view_name(name), latest_event_sql(f"{q(schema)}.{q(name)}", columns)))
     for view, sql in views:
         _free_for_view(spark, schema, view)
         spark.sql(f"CREATE OR REPLACE VIEW {q(schema)}.{q(view)} AS {sql}")
