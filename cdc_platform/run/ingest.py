@@ -134,6 +134,7 @@ class IngestJob:
         #: A micro-batch of the stream made into lines (`sources.batch_lines`: Avro records decoded; else as is).
         self._lines = sources.batch_lines(config)
         self.idle_metrics_interval = IDLE_METRICS_INTERVAL
+        self.last_activity = time.monotonic()  # the end of the ingest's newest batch (the stages' idle time counts from it)
         self._metrics_written_at: float | None = None  # monotonic time of the last metrics row this job wrote
         self._folded = FoldedBatches()  # heartbeat-only batches whose metrics rows were folded (in memory only)
         #: Tables added to the config file while the stream runs are onboarded between batches (onboarding.py).
@@ -370,6 +371,7 @@ class IngestJob:
             raise
         with self._lock:
             self.reports.append(report)
+        self.last_activity = time.monotonic()
         self.progress(
             f"batch {batch_id}: {report.rows_read:,} lines -> {report.rows_landed.get(RAW, 0):,} new events, "
             f"{report.markers:,} markers, {report.dead_letters:,} dead letters, {report.duplicates_skipped:,} duplicates skipped "
@@ -497,9 +499,17 @@ class Streaming:
     def __init__(self, job: IngestJob, spark: SparkSession, interval: str | None) -> None:
         self.job = job
         self.query = job.start(spark, available_now=False, interval=interval)
-        self.stages = StageRunner(spark, job.stage_queries, interval or job.config.trigger_interval, job.progress)
+        job.last_activity = time.monotonic()
+        self.stages = StageRunner(spark, job.stage_queries, interval or job.config.trigger_interval, job.progress, self.source_idle)
         self._stop_watch = threading.Event()
         self._watcher = self.stages.watch(self._stop_watch)
+
+    def source_idle(self) -> float | None:
+        """Seconds since the ingest's last batch ended, or None while it runs one or has data waiting."""
+        status = self.query.status
+        if status.get("isTriggerActive") or status.get("isDataAvailable"):
+            return None
+        return time.monotonic() - self.job.last_activity
 
     def stage_failures(self) -> dict[str, BaseException]:
         """The stage queries whose last batch failed (each is started again after its pause), by name."""

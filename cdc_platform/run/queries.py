@@ -118,12 +118,19 @@ class StageRunner:
 
     A stage query that fails is reported in one line and started again after a pause (`RESTART_PAUSES`):
     its batch replays from its checkpoint, so nothing is lost or applied twice, and the ingest and the other
-    stages never wait for it. While a query has had no batch for a while, its stage's `on_idle` runs
-    (transaction timeouts on a quiet source).
+    stages never wait for it. While a query has had no batch for a while and the source is quiet too, its
+    stage's `on_idle` runs (transaction timeouts on a quiet source).
+
+    `source_idle` says how long the ingest has been quiet (None while it has a batch running or data
+    waiting): a stage with nothing to read while the ingest is still busy (catching up after a restart, say)
+    is not idle, or the rest of a transaction still in the ingest's backlog would be timed out (the crash
+    trials found it).
     """
 
-    def __init__(self, spark: SparkSession, queries: Sequence[Watched], interval: str, progress: Callable[[str], None]) -> None:
+    def __init__(self, spark: SparkSession, queries: Sequence[Watched], interval: str, progress: Callable[[str], None],
+                 source_idle: Callable[[], float | None] = lambda: float("inf")) -> None:
         self.spark = spark
+        self.source_idle = source_idle
         self.queries = list(queries)
         self.interval = interval
         self.progress = progress
@@ -176,8 +183,11 @@ class StageRunner:
         if status.get("isTriggerActive") or status.get("isDataAvailable"):
             return
         self._failures.pop(q.name, None)
+        source_idle = self.source_idle()
+        if source_idle is None:
+            return
         try:
-            result = q.on_idle(time.monotonic() - q.last_activity)
+            result = q.on_idle(min(time.monotonic() - q.last_activity, source_idle))
         except Exception as exc:  # noqa: BLE001 - an idle tick that fails is a failed batch: the query restarts
             q.failure = exc
             self.progress(f"error: the {q.name} stage failed while idle ({_first_line(exc)})")

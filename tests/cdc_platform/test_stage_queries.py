@@ -146,3 +146,42 @@ def test_in_a_stream_a_failed_stage_query_is_started_again_while_the_ingest_goes
         runner.join(120)
     assert any("the flaky query stopped (" in line and "disk is full" in line and "starting it again" in line for line in said), said
     assert len(done[0].batches) >= 2 and stage.calls >= 3
+
+
+class _FakeQuery:
+    """A stage query with no data waiting, as Spark reports it between triggers."""
+
+    isActive = True
+    status = {"isTriggerActive": False, "isDataAvailable": False}
+
+
+class _IdleStage:
+    """A `Watched` stage that records the idle times it is given."""
+
+    name = "transactions"
+    failure = None
+    last_activity = 0.0
+
+    def __init__(self) -> None:
+        self.gate = queries.BatchGate()
+        self.idle_calls: list[float] = []
+
+    def start(self, spark: Any, *, available_now: bool, interval: str | None = None) -> _FakeQuery:
+        return _FakeQuery()
+
+    def on_idle(self, idle_seconds: float) -> None:
+        self.idle_calls.append(idle_seconds)
+
+
+def test_a_stage_is_idle_only_while_the_ingest_is_quiet_too() -> None:
+    """A stage with nothing to read while the ingest still works through a backlog (after a restart) is not
+    idle: its transaction timeouts would close transactions whose rest is in that backlog."""
+    stage = _IdleStage()
+    source: dict[str, float | None] = {"idle": None}
+    runner = queries.StageRunner(None, [stage], "1 second", lambda _msg: None, source_idle=lambda: source["idle"])  # type: ignore[arg-type]
+    stage.last_activity = time.monotonic() - 100.0
+    runner._tend(stage)
+    assert stage.idle_calls == [], "the ingest is busy: no idle tick"
+    source["idle"] = 3.0
+    runner._tend(stage)
+    assert stage.idle_calls == [3.0], "idle for as long as the ingest has been quiet, not since the stage's last batch"
