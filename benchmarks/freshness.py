@@ -260,6 +260,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000.0, help="change events per second (default 2,000)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the feeder runs (default 60)")
     parser.add_argument("--trigger-interval", default="1 second", help="cdc stream --trigger-interval (default '1 second')")
+    parser.add_argument("--stage-trigger-interval", default=None,
+                        help="the config's stage_trigger_interval: the stage queries' cadence (default: the trigger interval's)")
     parser.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER,
                         help=f"files per micro-batch (default {DEFAULT_MAX_FILES_PER_TRIGGER:,}, the config's)")
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between reader polls (default 0.5)")
@@ -311,9 +313,11 @@ def main() -> int:
     (run_dir / "landing").mkdir()
     base = (w.config_path).read_text(encoding="utf-8").replace("landing: landing\nlake: lake\n", "")
     config_path = run_dir / "cdc.yaml"
-    config_path.write_text(f"landing: landing\nlake: lake\nmax_files_per_trigger: {args.max_files_per_trigger}\n{base}", encoding="utf-8")
+    stages = f"stage_trigger_interval: {args.stage_trigger_interval}\n" if args.stage_trigger_interval else ""
+    config_path.write_text(f"landing: landing\nlake: lake\nmax_files_per_trigger: {args.max_files_per_trigger}\n{stages}{base}", encoding="utf-8")
     config = load_config(config_path)
-    banner(f"freshness: {args.rate:,.0f} change events/s for {args.seconds:.0f} s, trigger {args.trigger_interval!r}, poll {args.poll} s")
+    banner(f"freshness: {args.rate:,.0f} change events/s for {args.seconds:.0f} s, trigger {args.trigger_interval!r}, "
+           f"stage queries' trigger {config.stage_trigger_interval or args.trigger_interval!r}, poll {args.poll} s")
     say(f"stages: {', '.join(type(s).__name__ for s in IngestJob(config).stages) or 'none'}; watching {', '.join(t.name for t in config.tables)}")
     names = [t.name for t in config.tables]
     proc = start_stream(config_path, run_dir, args.trigger_interval)

@@ -500,7 +500,8 @@ class Streaming:
         self.job = job
         self.query = job.start(spark, available_now=False, interval=interval)
         job.last_activity = time.monotonic()
-        self.stages = StageRunner(spark, job.stage_queries, interval or job.config.trigger_interval, job.progress, self.source_idle)
+        stage_interval = job.config.stage_trigger_interval or interval or job.config.trigger_interval
+        self.stages = StageRunner(spark, job.stage_queries, stage_interval, job.progress, self.source_idle)
         self._stop_watch = threading.Event()
         self._watcher = self.stages.watch(self._stop_watch)
 

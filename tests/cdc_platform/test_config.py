@@ -67,6 +67,7 @@ def test_flags_override_the_file_and_the_env_var_names_the_file(tmp_path: Path) 
         ("landing: l\nlake: k\ntables:\n  a.c: {key: ['id; drop']}\n", "not a valid column name"),
         ("landing: l\nlake: k\ntransaction_timeout: -1\n", "transaction_timeout"),
         ("landing: l\nlake: k\ntrigger_interval: soon\n", "trigger_interval"),
+        ("landing: l\nlake: k\nstage_trigger_interval: later\n", "stage_trigger_interval"),
         ("landing: l\nlake: k\nparse_workers: 2\n", "`parse_workers` is gone: lines are parsed on Spark's executors"),
         ("lake: k\n", "no landing directory"),
         ("- a\n- b\n", "mapping at the top level"),
@@ -144,3 +145,13 @@ def test_a_lake_on_s3_without_s3fs_says_which_extra_to_install(tmp_path: Path, m
     with pytest.raises(EnvironmentNotReadyError, match=r"pip install 'cdc-platform\[object-store\]'"):
         load_config(write(tmp_path, "landing: l\nlake: s3a://lakes/x\n"), environ={})
     assert load_config(write(tmp_path, "landing: l\nlake: k\n"), environ={}).lake == (tmp_path / "conf" / "k").resolve()  # a local lake never asks
+
+
+def test_the_stage_queries_cadence_is_the_ingests_unless_set(tmp_path) -> None:  # noqa: ANN001
+    plain = tmp_path / "a.yaml"
+    plain.write_text("landing: l\nlake: k\ntrigger_interval: 2 seconds\n", encoding="utf-8")
+    assert load_config(plain).stage_trigger_interval is None
+    slower = tmp_path / "b.yaml"
+    slower.write_text("landing: l\nlake: k\nstage_trigger_interval: 30\n", encoding="utf-8")
+    assert load_config(slower).stage_trigger_interval == "30 seconds"
+
