@@ -388,11 +388,11 @@ def settle(
     residual_idx = np.flatnonzero(~complete_np)
     residual = merged.take(pa.array(residual_idx, pa.int64()))
     residual_waits = _expiry_plan(residual, norm_expected.take(pa.array(residual_idx, pa.int64())), table_streams)
-    residual_due = _due(residual_waits, progress, settings, idle_us)
+    residual_due = _due(residual_waits, progress, settings, idle_us, prev_progress)
     if kept_waits is not None:  # untouched open rows, judged by their plans
         untouched_idx = np.flatnonzero(~touched_np)
         untouched_waits = kept_waits.take(pa.array(untouched_idx, pa.int64()))
-        untouched_due = _due(untouched_waits, progress, settings, idle_us)
+        untouched_due = _due(untouched_waits, progress, settings, idle_us, prev_progress)
     else:
         untouched_idx = np.zeros(0, dtype=np.int64)
         untouched_waits = _WAITS.empty_table()
