@@ -210,13 +210,7 @@ def resolve(pom: Path, jars_dir: Path, wanted: dict[str, str], pyspark_jars: Pat
         shutil.rmtree(staging, ignore_errors=True)
         raise SetupError(f"{shown(pom)} resolves jars pyspark already ships: {'; '.join(problems)}; exclude them in the pom")
     (staging / JARS_MANIFEST).write_text(json.dumps({**wanted, "jars": jars}, indent=2) + "\n", encoding="utf-8")
-    # Swap the complete folder in: a failed run never leaves a half-filled jvm/jars/ that looks ready.
-    old = jars_dir.parent / (jars_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if jars_dir.exists():
-        jars_dir.rename(old)
-    staging.rename(jars_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in(staging, jars_dir)
     return jars
 
 
@@ -235,6 +229,17 @@ def compile_error_line(output: str) -> str | None:
         if m:
             return f"{shown(Path(m.group(1)))}:{m.group(2)}: {m.group(3).strip()}"
     return None
+
+
+def swap_in(staging: Path, jars_dir: Path) -> None:
+    """Put the complete `staging` folder in place of `jars_dir`: a failed run never leaves a half-filled
+    folder that looks ready."""
+    old = jars_dir.parent / (jars_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if jars_dir.exists():
+        jars_dir.rename(old)
+    staging.rename(jars_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def build_parser(pom: Path, jars_dir: Path, wanted: dict[str, str]) -> list[dict[str, str]]:
@@ -266,12 +271,7 @@ def build_parser(pom: Path, jars_dir: Path, wanted: dict[str, str]) -> list[dict
     jars = [{"coordinates": f"{group}:{artifact}:{version}", "file": built.name}]
     (staging / JARS_MANIFEST).write_text(json.dumps({**wanted, "spark_binary": props.get("spark.binary.version"), "jars": jars}, indent=2) + "\n",
                                          encoding="utf-8")
-    old = jars_dir.parent / (jars_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if jars_dir.exists():
-        jars_dir.rename(old)
-    staging.rename(jars_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in(staging, jars_dir)
     return jars
 
 
