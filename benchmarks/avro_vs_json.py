@@ -92,8 +92,10 @@ def decode_only(spark: Any, bed: Any, topic: str) -> tuple[float, int]:
                .option("startingOffsets", "earliest").load()
                .select("value", F.lit("x").alias("source_file"), F.col("key").alias("kafka_key")))
     t0 = time.perf_counter()
-    lines = AvroLines(SchemaRegistry(bed.registry.url))(records)
+    decode = AvroLines(SchemaRegistry(bed.registry.url))
+    lines = decode(records)
     n = lines.where(F.col("reject_code").isNull() & F.col("value").isNotNull()).agg(F.sum(F.length("value"))).collect()[0][0] or 0
+    decode.release()
     return time.perf_counter() - t0, int(n)
 
 

@@ -358,10 +358,13 @@ class IngestJob:
             started = _now()
             with self.gate.lock:
                 self.onboard_added_tables()
-            parsed = parse_spark.parse_lines(self._lines(df), self.keys, outbox=self.config.outbox)
-            with self.gate.lock, spark_jobs.in_pool("ingest"):
-                self.gate.check(batch_id)
-                report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)
+            try:
+                parsed = parse_spark.parse_lines(self._lines(df), self.keys, outbox=self.config.outbox)
+                with self.gate.lock, spark_jobs.in_pool("ingest"):
+                    self.gate.check(batch_id)
+                    report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)
+            finally:
+                self._lines.release()
         except StopRequested:
             raise
         except BaseException as exc:  # keep the original error; Spark would wrap it beyond recognition

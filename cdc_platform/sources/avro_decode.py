@@ -94,10 +94,16 @@ class AvroLines:
     def __init__(self, registry: SchemaRegistry) -> None:
         self.registry = registry
         self._decoders: dict[int, Decoder] = {}
+        self._held: DataFrame | None = None
 
     def __call__(self, records: DataFrame) -> DataFrame:
+        """The batch's lines. The records are held (persisted) for the batch: the ids' job and the decode then
+        read the topic once, not twice (Kafka's records are small beside the text made from them); the ingest
+        lets them go with `release` once the batch is committed."""
         from pyspark.sql import functions as F
 
+        self.release()
+        records = self._held = records.persist()
         ids = [r["id"] for r in records.select(F.explode(F.array(_schema_id(F.col("value")), _schema_id(F.col(RECORD_KEY_COLUMN)))).alias("id"))
                .where(F.col("id").isNotNull()).distinct().collect()]
         found = self.registry.schemas(ids)
@@ -108,6 +114,12 @@ class AvroLines:
                     self._decoders[schema_id] = Decoder(schema)
                 decoders[schema_id] = self._decoders[schema_id]
         return lines(records, decoders, self.registry.url)
+
+    def release(self) -> None:
+        """Let the last batch's held records go (idempotent)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.unpersist()
 
 
 def _null_encoding(avro: object) -> bytes | None:

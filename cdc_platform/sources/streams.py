@@ -29,8 +29,7 @@ at the earliest offset, whatever `starting_offsets` says).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.config_source import KafkaSourceConfig
@@ -58,12 +57,20 @@ def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
     return file_stream(spark, config)
 
 
-def batch_lines(config: PlatformConfig) -> Callable[[DataFrame], DataFrame]:
+class BatchLines(Protocol):
+    """Makes one micro-batch of `stream` into lines; `release` lets go of what it held for that batch."""
+
+    def __call__(self, records: DataFrame) -> DataFrame: ...
+
+    def release(self) -> None: ...
+
+
+def batch_lines(config: PlatformConfig) -> BatchLines:
     """What makes one micro-batch of `stream` into lines: nothing for files and JSON topics, the Avro
     decoder (with its schema registry client, which keeps the schemas it has read) for Avro topics."""
     kafka = config.source.kafka
     if kafka is None or kafka.schema_registry is None:
-        return _as_is
+        return AsIs()
     from cdc_platform.sources.avro_decode import AvroLines
     from cdc_platform.sources.schema_registry import SchemaRegistry
 
@@ -71,8 +78,14 @@ def batch_lines(config: PlatformConfig) -> Callable[[DataFrame], DataFrame]:
     return AvroLines(SchemaRegistry(reg.url, user=reg.user, password=reg.password))
 
 
-def _as_is(lines: DataFrame) -> DataFrame:
-    return lines
+class AsIs:
+    """Lines that need no making: the files' and JSON topics' micro-batches as they come."""
+
+    def __call__(self, records: DataFrame) -> DataFrame:
+        return records
+
+    def release(self) -> None:
+        return None
 
 
 def file_stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:

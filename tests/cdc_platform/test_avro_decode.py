@@ -172,3 +172,23 @@ def test_a_record_of_nulls_is_told_from_bytes_that_do_not_decode(spark: Any) -> 
     assert [r[REJECT_CODE] for r in lines] == [None, avro_decode.NOT_DECODABLE, None, None, avro_decode.NOT_DECODABLE,
                                                None, None, avro_decode.NOT_DECODABLE]
     assert json.loads(lines[5]["value"]) == {"schema": {"type": "string", "optional": True}, "payload": None}
+
+
+def test_a_batchs_records_are_held_for_the_batch_and_let_go_after(spark: Any) -> None:
+    """The ids' job and the decode read the batch's records once (held), and `release` lets them go: a held
+    frame per batch would otherwise pile up in the executors' memory over a long stream."""
+    data = captured()
+    records = [(raw(r["key"]), raw(r["value"])) for r in data["records"][:5]]
+    with stub_registry(schema_ids(data)) as reg:
+        decode = AvroLines(SchemaRegistry(reg.url))
+        first = decode(frame(spark, records))
+        held = decode._held
+        assert held is not None and held.is_cached
+        expected = first.collect()
+        second = decode(frame(spark, records))  # the next batch lets the last one's go
+        assert not held.is_cached and decode._held is not None and decode._held.is_cached
+        assert second.collect() == expected
+        decode.release()
+        decode.release()  # idempotent
+        assert decode._held is None
+        assert second.collect() == expected  # recomputed from the source once let go
