@@ -48,7 +48,8 @@ _STATE = "open_transactions"
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per phase of the demo; `total` is wall time from start to the last count."""
+    """Seconds per phase of the demo; `total` is wall time from start to the last count. Spark starts while the
+    sample is generated: `spark` is only the wait for it after that."""
 
     generate: float
     spark: float
@@ -274,7 +275,7 @@ def render(config: PlatformConfig, names: Sequence[str], counts: Mapping[tuple[s
     if hint:
         out.append(f"  {hint}")
     out.append(
-        f"\n{timing.total:.1f} s in all: generating {timing.generate:.1f} s, starting Spark {timing.spark:.1f} s, "
+        f"\n{timing.total:.1f} s in all: generating {timing.generate:.1f} s, waiting for Spark (started beside it) {timing.spark:.1f} s, "
         f"the pipeline {timing.pipeline:.1f} s, counting what landed {timing.counting:.1f} s."
     )
     return "\n".join(out)
