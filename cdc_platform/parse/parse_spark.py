@@ -135,13 +135,48 @@ class SplitBatch:
 _KIND_COUNTS = {"change": "change_events", "marker": "markers", "tombstone": "tombstones", "dead_letter": "dead_letters"}
 
 
-def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -> BatchFigures:
+#: Up to this many in-batch repeats, their input positions reach the driver and the batch drops them by a literal
+#: set; beyond it, by a broadcast join (whose broadcast is a job of its own in each query that reads the batch).
+LITERAL_REPEATS = 1_000
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """The batch's in-batch repeats (`repeats`), counted by kind, with their positions when there are few."""
+
+    by_kind: dict[str, int]
+    seqs: list[int] | None  # every repeat's SEQ; None when there are more than LITERAL_REPEATS
+
+    @classmethod
+    def of(cls, losers: DataFrame) -> Repeats:
+        """One job over the (persisted) repeats, a row per kind: their count and positions (8 bytes a repeat; a
+        `limit` would run a job per round of partitions it takes)."""
+        from pyspark.sql import functions as F
+
+        rows = losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n"), F.collect_list(SEQ).alias("seqs")).collect()
+        by_kind = {r["kind"]: int(r["n"]) for r in rows}
+        few = sum(by_kind.values()) <= LITERAL_REPEATS
+        return cls(by_kind, [int(seq) for r in rows for seq in r["seqs"]] if few else None)
+
+    def dropped_from(self, parsed: DataFrame, losers: DataFrame) -> DataFrame:
+        """`parsed` without the repeats: as it is when there are none, by a literal set when few (no broadcast job in
+        the queries that read it: the raw log's lookup and its append would each run one), else by a broadcast join."""
+        from pyspark.sql import functions as F
+
+        if self.seqs is None:
+            return parsed.join(F.broadcast(losers.select(SEQ)), on=SEQ, how="left_anti")
+        if not self.seqs:
+            return parsed
+        return parsed.where(~F.col(SEQ).isin(self.seqs))
+
+
+def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -> tuple[BatchFigures, Repeats]:
     """The batch's one aggregate, grouped by kind and source table: a row per group (a few) reaches the driver.
 
     Grouped, not global, so that the same job also gives each source table's clock (`TableClock`), which the
     transaction stage would otherwise read from the batch with an aggregate of its own (one job more on its
     path, 0.8 s of a small batch and 11 s of a batch of 500,000 lines beside the other stages). The distinct
-    counts are the counts less the repeats (`repeats`: `losers`, two cheap jobs).
+    counts are the counts less the repeats (`losers`, found by `Repeats.of`, which is returned too).
 
     Repeats stay in: a redelivered event has the same source time, source name and transaction as its first
     copy (the identity hashes them), so the clocks, which take maxima, minima and "any", do not see them.
@@ -174,12 +209,12 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
     values: dict[str, int] = {k: sum(int(r[k]) for r in rows) for k in ("rows_read", "heartbeats", "schema_changes")}
     values |= {name: sum(int(r["rows_read"]) for r in rows if r["group_kind"] == k) for k, name in _KIND_COUNTS.items()}
     # A batch without changes or markers (a heartbeat-only one, say) has no repeats: no job to find none.
-    has_ids = values["change_events"] or values["markers"]
-    repeated = {r["kind"]: r["n"] for r in losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()} if has_ids else {}
+    found = Repeats.of(losers) if values["change_events"] or values["markers"] else Repeats({}, [])
+    repeated = found.by_kind
     footprints = {side: footprint_of(rows, f"{side}_", ranged=True) for side in ("events", "markers")}
     changes = [r for r in rows if r["group_kind"] == "change"]
     markers = [r for r in rows if r["group_kind"] == "marker"]
-    return BatchFigures(
+    figures = BatchFigures(
         **values,
         distinct_events=values["change_events"] - repeated.get("change", 0),
         distinct_markers=values["markers"] - repeated.get("marker", 0),
@@ -192,6 +227,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
         table_clocks=table_clocks(changes),
         marker_clock=(_newest(r["newest_marker_ts"] for r in markers), sum(int(r["transactional"]) for r in markers)),
     )
+    return figures, found
 
 
 def _newest(values: Iterable[int | None]) -> int | None:
@@ -226,7 +262,12 @@ def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBa
     at = F.lit(ingested_at).cast("timestamp")
     kind = F.col("kind")
     losers = repeats(parsed).persist()
-    firsts = parsed.join(F.broadcast(losers.select(SEQ)), on=SEQ, how="left_anti")
+    try:
+        figures, found = figures_of(parsed, ingested_at, losers)
+    except BaseException:
+        losers.unpersist()
+        raise
+    firsts = found.dropped_from(parsed, losers)
     events = _shape(firsts.where(kind == "change"), schemas.RAW_CHANGE_EVENTS,
                     {"ingested_at": at, "event_date": F.coalesce(F.col("event_date"), today), "arrival": F.col(SEQ)})
     markers = _shape(firsts.where(kind == "marker"), schemas.TRANSACTION_MARKERS, {"ingested_at": at, "marker_date": F.coalesce(F.col("marker_date"), today)})
@@ -236,11 +277,6 @@ def split(parsed: DataFrame, batch_id: int, ingested_at: dt.datetime) -> SplitBa
         {"stage": F.lit("ingest"), "event_id": F.lit(None).cast("string"), "batch_id": F.lit(batch_id).cast("bigint"), "dead_lettered_at": at},
         keep_seq=False,
     )
-    try:
-        figures = figures_of(parsed, ingested_at, losers)
-    except BaseException:
-        losers.unpersist()
-        raise
     return SplitBatch(events=events, markers=markers, dead_letters=dead, figures=figures, losers=losers)
 
 

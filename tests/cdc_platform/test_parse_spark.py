@@ -127,6 +127,45 @@ def test_the_batch_aggregate_gives_the_figures_and_the_clocks_the_stage_would_co
         parsed.unpersist()
 
 
+@pytest.mark.parametrize("literal_repeats", [1_000, 1])  # few repeats: a literal set; more than the limit: a broadcast join
+def test_the_split_keeps_each_id_once_however_it_drops_the_repeats(
+    make_config: Callable[..., PlatformConfig], spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, literal_repeats: int
+) -> None:
+    monkeypatch.setattr(parse_spark, "LITERAL_REPEATS", literal_repeats)
+    keys = KeySpec(dict(make_config(TABLES).keys_by_source))
+    land_mixed(tmp_path / "batch")
+    parsed = parsed_batch(spark, tmp_path / "batch", keys)
+    try:
+        rows = parsed.toArrow().to_pylist()
+        firsts: dict[tuple[str, str], int] = {}
+        for r in sorted(rows, key=lambda r: r[parse_spark.SEQ]):
+            if r["kind"] in ("change", "marker"):
+                firsts.setdefault((r["kind"], r["event_id"] if r["kind"] == "change" else r["marker_id"]), r[parse_spark.SEQ])
+        split = parse_spark.split(parsed, 0, AT)
+        assert (split.figures.in_batch_duplicates > literal_repeats) is (literal_repeats == 1)
+        events = {(r["event_id"], r[parse_spark.SEQ]) for r in split.events.select("event_id", parse_spark.SEQ).collect()}
+        markers = {(r["marker_id"], r[parse_spark.SEQ]) for r in split.markers.select("marker_id", parse_spark.SEQ).collect()}
+        assert events == {(i, seq) for (kind, i), seq in firsts.items() if kind == "change"}  # the first copy of each, in input order
+        assert markers == {(i, seq) for (kind, i), seq in firsts.items() if kind == "marker"}
+        split.release()
+    finally:
+        parsed.unpersist()
+
+
+def test_a_batch_without_repeats_is_taken_as_it_is(make_config: Callable[..., PlatformConfig], spark: Any, tmp_path: Path) -> None:
+    """No repeats, no filter: the raw log's lookup and append read the parsed rows without a join or a set."""
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    (folder / "peer.jsonl").write_text("\n".join(REPLICA_IDENTITY.read_text(encoding="utf-8").splitlines()[:50]) + "\n", encoding="utf-8")
+    parsed = parsed_batch(spark, folder, KeySpec(dict(make_config(TABLES).keys_by_source)))
+    try:
+        figures, found = parse_spark.figures_of(parsed, AT, parse_spark.repeats(parsed))
+        assert figures.in_batch_duplicates == 0 and figures.change_events > 0
+        assert found.dropped_from(parsed, parse_spark.repeats(parsed)) is parsed
+    finally:
+        parsed.unpersist()
+
+
 def test_an_empty_or_heartbeat_only_batch_has_no_clock(spark: Any, tmp_path: Path) -> None:
     heartbeat = json.dumps({"schema": {"name": "io.debezium.connector.common.Heartbeat"}, "payload": {"ts_ms": 1764581400000}})
     for i, lines in enumerate(([], [heartbeat, "null"])):
