@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,13 +37,13 @@ def _config(args: argparse.Namespace) -> PlatformConfig:
     )
 
 
-def _spark(master: str | None = None, announce: bool = True, object_store: bool = False, conf: dict[str, str] | None = None) -> Any:
+def _spark(master: str | None = None, announce: bool = True, object_store: bool = False) -> Any:
     from cdc_platform.spark.session import DEFAULT_MASTER, get_spark, submitted
 
     if announce:
         where = master or ("spark-submit's master" if submitted() else DEFAULT_MASTER)
         _say(f"starting Spark ({where}) ...")
-    spark = get_spark(master=master, object_store=object_store, conf=conf)
+    spark = get_spark(master=master, object_store=object_store)
     quiet_spark_error_logs(spark)
     return spark
 
@@ -280,20 +279,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from cdc_platform.workload import demo
     from cdc_platform.run.ingest import IngestJob
     from cdc_platform.views import register_lake
-    from cdc_platform.spark.session import SHORT_LIVED_JVM
 
     t0 = time.perf_counter()
     out = Path(args.dir)
     demo.prepare_dir(out)
-    # Spark starts while the sample is written (its JVM on one core, the generator in Python on the other), with
-    # the start-up settings of a JVM that lives for one short job: the demo is mostly cold code (SHORT_LIVED_JVM).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-demo-spark") as starting:
-        started = starting.submit(_spark, conf=SHORT_LIVED_JVM)
-        _say(f"generating a sample payments workload ({args.transactions} transactions) into {out}/ ...")
-        w = _generate(out, args.transactions, args.seed)
-        config = load_config(w.config_path)
-        t_generated = time.perf_counter()
-        spark = started.result()
+    _say(f"generating a sample payments workload ({args.transactions} transactions) into {out}/ ...")
+    w = _generate(out, args.transactions, args.seed)
+    config = load_config(w.config_path)
+    t_generated = time.perf_counter()
+    spark = _spark()
     t_spark = time.perf_counter()
     _say("running the pipeline over the landing files ...")
     report = IngestJob(config, progress=_say).run_available_now(spark)

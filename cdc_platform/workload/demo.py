@@ -48,8 +48,7 @@ _STATE = "open_transactions"
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per phase of the demo; `total` is wall time from start to the last count. Spark starts while the
-    sample is generated: `spark` is only the wait for it after that."""
+    """Seconds per phase of the demo; `total` is wall time from start to the last count."""
 
     generate: float
     spark: float
@@ -275,7 +274,7 @@ def render(config: PlatformConfig, names: Sequence[str], counts: Mapping[tuple[s
     if hint:
         out.append(f"  {hint}")
     out.append(
-        f"\n{timing.total:.1f} s in all: generating {timing.generate:.1f} s, waiting for Spark (started beside it) {timing.spark:.1f} s, "
+        f"\n{timing.total:.1f} s in all: generating {timing.generate:.1f} s, starting Spark {timing.spark:.1f} s, "
         f"the pipeline {timing.pipeline:.1f} s, counting what landed {timing.counting:.1f} s."
     )
     return "\n".join(out)
