@@ -5,8 +5,7 @@ A feeder lands the sample workload's files at a steady rate of change events (de
 is set to the wall clock at the moment its file lands, so "source timestamp" means "the moment the
 connector delivered it". A reader polls every `<name>__full_view` the way a reader's session does (the
 lake's views registered again, then one query), and notes when each event's row (`_event_id`) first
-shows up there; the consistent views are polled beside them, on a thread (and session) of their own, so
-their slower polls never space out the full views'. Latency = first seen - source timestamp; it
+shows up there; the consistent views are polled beside them. Latency = first seen - source timestamp; it
 includes the poll interval and the poll's own query, whose seconds are printed with the figures.
 
 First, in the same run, the floor: the same lines fed at the same rate to a plain Structured Streaming
@@ -324,9 +323,7 @@ def main() -> int:
     proc = start_stream(config_path, run_dir, args.trigger_interval)
     pollers = [Poller(full_views(spark, config.lake, names))]
     if args.consistent:
-        # A session of its own (its own temporary views) for the consistent views' poller, which polls on a thread
-        # of its own: its poll takes several times the full views', and polled in turn it spaced theirs out.
-        pollers.append(Poller(full_views(spark.newSession(), config.lake, names, "__consistent_view")))
+        pollers.append(Poller(full_views(spark, config.lake, names, "__consistent_view")))
     fed = feed_and_poll(w, run_dir / "landing", args, proc, pollers)
     if fed is None:
         say(f"the stream did not come up (exit {proc.returncode}); see {run_dir / 'stream.log'}")
@@ -365,30 +362,18 @@ def feed_and_poll(w: Any, landing: Path, args: argparse.Namespace, proc: subproc
         feeder = Feeder(w.landing, landing, args.rate, args.seconds)
         feeder.files = feeder.files[4:]
         feeder.start()
-        in_turn = [threading.Thread(target=_poll_while, args=(p, feeder.is_alive, args.poll), daemon=True) for p in pollers]
-        for thread in in_turn:
-            thread.start()
-        for thread in in_turn:
-            thread.join()
+        while feeder.is_alive():
+            for p in pollers:
+                p.poll()
+            time.sleep(args.poll)
         say(f"feeder done: {feeder.events_written:,} change events ({feeder.lines_written:,} lines, {feeder.files_written} files) "
             f"in {feeder.finished_at - feeder.started_at:.1f} s = {feeder.events_written / (feeder.finished_at - feeder.started_at):,.0f} events/s; "
             f"at most {feeder.behind_max:.1f} s behind schedule  [{load_average()}]")
-        draining = [threading.Thread(target=p.drain, args=(lambda: proc.poll() is None, args.poll), daemon=True) for p in pollers]
-        for thread in draining:
-            thread.start()
-        for thread in draining:
-            thread.join()
+        for p in pollers:
+            p.drain(lambda: proc.poll() is None, args.poll)
         return feeder, warm_ids
     finally:
         stop_stream(proc)
-
-
-def _poll_while(poller: Poller, going: Callable[[], bool], interval: float) -> None:
-    """One reader: poll, pause `interval`, while `going`; each poller on a thread of its own, so a slow view's
-    polls never space out another's."""
-    while going():
-        poller.poll()
-        time.sleep(interval)
 
 
 class SourceWriter(threading.Thread):
