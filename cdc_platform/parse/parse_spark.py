@@ -149,11 +149,12 @@ class Repeats:
 
     @classmethod
     def of(cls, losers: DataFrame) -> Repeats:
-        """One job over the (persisted) repeats, a row per kind: their count and positions (8 bytes a repeat; a
-        `limit` would run a job per round of partitions it takes)."""
+        """One job over the (persisted) repeats, a row per kind: their count and at most LITERAL_REPEATS of their
+        positions, which are all of them whenever they are used (a `limit` would run a job per round of partitions)."""
         from pyspark.sql import functions as F
 
-        rows = losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n"), F.collect_list(SEQ).alias("seqs")).collect()
+        seqs = F.slice(F.collect_list(SEQ), 1, LITERAL_REPEATS)
+        rows = losers.groupBy("kind").agg(F.count(F.lit(1)).alias("n"), seqs.alias("seqs")).collect()
         by_kind = {r["kind"]: int(r["n"]) for r in rows}
         few = sum(by_kind.values()) <= LITERAL_REPEATS
         return cls(by_kind, [int(seq) for r in rows for seq in r["seqs"]] if few else None)
