@@ -251,6 +251,43 @@ def test_nesting_where_python_gives_up(spark: Any) -> None:
     assert {r["reason_code"] for r in rows} >= {None, "too_deep", "lone_surrogate"}
 
 
+def _schema(extra: str = "", fields: str = '{"field":"after","type":"struct","fields":[{"field":"id","type":"int64"}]}') -> str:
+    """A Connect schema text over the memo's 128-byte floor (the JVM parser reads each schema text once per task)."""
+    return '{"type":"struct","name":"k.t.Envelope","doc":"%s","fields":[%s]%s}' % ("x" * 120, fields, extra)
+
+
+def test_a_schema_read_once_per_task_gives_the_rows_of_reading_it_every_time(spark: Any) -> None:
+    """Each line of a task whose schema bytes it has read before takes that schema: the rows must be the ones of
+    reading every line whole, whatever the schema set while it was read (a float, a number no float holds, a lone
+    surrogate, nesting near the limit) and whatever follows it. Each shape repeats, interleaved, so every task
+    meets each again."""
+    change = '{"op":"c","source":{"table":"t","db":"k"},"after":{"id":%s}}'
+    schemas = {
+        "plain": _schema(),
+        "float": _schema(',"default":1.5'),
+        "exact": _schema(',"default":1e-400'),
+        "long-float": _schema(',"default":1.12345678901234567'),
+        "surrogate": _schema(',"doc2":"\\ud800"'),
+        "deep": _schema(',"x":%s' % _nest(1015)),
+    }
+    lines = []
+    for n in range(6):
+        for schema in schemas.values():
+            lines += [
+                '{"schema":%s,"payload":%s}' % (schema, change % n),
+                '{"schema":%s,"payload":%s}' % (schema, change % f"{n}.5"),  # a float after the schema: the line's path changes
+                '{"schema":%s,"payload":%s}' % (schema, change % _nest(n + 8)),
+                '{"schema":%s,"payload":%s}' % (schema, change % "[" * 3),  # broken after the schema
+                '{"schema":%s' % schema[:-1],  # the schema's bytes but its last
+                '{"schema":%s,"payload":%s}x' % (schema, change % n),
+                '{"key":{"schema":%s,"payload":{"id":%d}},"value":{"schema":%s,"payload":%s}}' % (schema, n, schema, change % n),
+                '{"payload":%s,"schema":%s}' % (change % n, schema),
+                '{"schema":%s,"payload":%s,"other":1}' % (schema, change % n),
+            ]
+    rows = assert_same(spark, lines, KeySpec({"k.t": ["id"]}))
+    assert {r["reason_code"] for r in rows} >= {None, "not_json", "lone_surrogate", "too_deep"}
+
+
 # -- property tests -------------------------------------------------------------------------------------------
 
 @settings(max_examples=12)

@@ -494,9 +494,21 @@ public final class Envelope {
         return out.append(s, negative ? 1 : 0, s.length()).toString();
     }
 
+    private Object lastSchema; // the schema object the last row schema was written from (the memo hands out one per text)
+    private String lastRowSchema;
+
     /** {@code _row_schema}: the Connect schema of the {@code after} (else {@code before}) field, canonical. */
-    @SuppressWarnings("unchecked")
     private String rowSchema(Object schema) throws PyWriter.TooDeep {
+        if (schema != lastSchema || schema == null) {
+            String text = writeRowSchema(schema);
+            lastSchema = schema;
+            lastRowSchema = text;
+        }
+        return lastRowSchema;
+    }
+
+    @SuppressWarnings("unchecked")
+    private String writeRowSchema(Object schema) throws PyWriter.TooDeep {
         if (!(schema instanceof Map)) return null;
         Object fields = ((Map<String, Object>) schema).get("fields");
         if (!(fields instanceof List)) return null;

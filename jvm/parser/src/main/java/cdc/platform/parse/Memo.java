@@ -37,6 +37,53 @@ final class Memo {
         return s;
     }
 
+    /** Schemas are looked for no deeper than this: the top object's, or a key/value wrapper's. */
+    static final int SCHEMA_DEPTH = 2;
+    private static final int SCHEMA_SLOTS = 16; // the tables one task meets, most of the time
+    private static final int MIN_SCHEMA_BYTES = 128; // shorter ones read faster than they are looked up
+
+    /** A schema object read once: its bytes, where and how it was read, the value and what reading it set. */
+    static final class Schema {
+        final byte[] bytes;
+        final int depth;
+        final boolean floats;
+        final Object value;
+        final boolean sawFloat, decimals, loneSurrogate;
+        final int deepest;
+
+        Schema(byte[] bytes, int depth, boolean floats, Object value, boolean sawFloat, boolean decimals, boolean loneSurrogate, int deepest) {
+            this.bytes = bytes;
+            this.depth = depth;
+            this.floats = floats;
+            this.value = value;
+            this.sawFloat = sawFloat;
+            this.decimals = decimals;
+            this.loneSurrogate = loneSurrogate;
+            this.deepest = deepest;
+        }
+    }
+
+    private final Schema[] schemas = new Schema[SCHEMA_SLOTS];
+    private int nextSlot;
+
+    /** The schema read before whose bytes start {@code b} at {@code from}, read at this depth on this path, or null. */
+    Schema schema(byte[] b, int from, int end, int depth, boolean floats) {
+        for (Schema s : schemas) {
+            if (s == null) return null;
+            int to = from + s.bytes.length;
+            if (s.depth == depth && s.floats == floats && to <= end && b[to - 1] == '}' && Arrays.equals(s.bytes, 0, s.bytes.length, b, from, to)) {
+                return s;
+            }
+        }
+        return null;
+    }
+
+    void remember(Schema s) {
+        if (s.bytes.length < MIN_SCHEMA_BYTES) return;
+        schemas[nextSlot] = s;
+        nextSlot = (nextSlot + 1) % SCHEMA_SLOTS;
+    }
+
     /** The keys of {@code m} in Python's sort order (by code point). */
     String[] sorted(Map<String, Object> m) {
         List<String> names = new ArrayList<>(m.keySet());

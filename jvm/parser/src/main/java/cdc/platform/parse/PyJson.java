@@ -221,7 +221,7 @@ final class PyJson {
                 idx = skipWhitespace(next);
                 if (idx >= end || b[idx] != ':') throw error("Expecting ':' delimiter", idx);
                 idx = skipWhitespace(idx + 1);
-                Object value = scanOnce(idx);
+                Object value = memo != null && depth <= Memo.SCHEMA_DEPTH && key.equals("schema") && at(idx, '{') ? schema(idx) : scanOnce(idx);
                 out.put(key, value);
                 idx = skipWhitespace(next);
                 if (at(idx, '}')) break;
@@ -231,6 +231,35 @@ final class PyJson {
         }
         next = idx + 1;
         return out;
+    }
+
+    /**
+     * The Connect schema object at {@code idx} (the JSON converter's {@code "schema"}: the same few kilobytes in front
+     * of every record of a table, most of a line), read once per task: bytes equal to a schema already read here,
+     * at the same depth and on the same path, are that schema, since a JSON value's extent and value are its bytes'
+     * alone. What reading it set (a float seen, a decimal, a lone surrogate, how deep it went) is set again.
+     */
+    private Object schema(int idx) throws Failure {
+        Memo.Schema known = memo.schema(b, idx, end, depth, floats);
+        if (known != null) {
+            next = idx + known.bytes.length;
+            sawFloat |= known.sawFloat;
+            decimals |= known.decimals;
+            loneSurrogate |= known.loneSurrogate;
+            deepest = Math.max(deepest, known.deepest);
+            return known.value;
+        }
+        boolean sawFloat0 = sawFloat, decimals0 = decimals, loneSurrogate0 = loneSurrogate;
+        int deepest0 = deepest;
+        sawFloat = decimals = loneSurrogate = false;
+        deepest = depth;
+        Object value = scanOnce(idx);
+        memo.remember(new Memo.Schema(java.util.Arrays.copyOfRange(b, idx, next), depth, floats, value, sawFloat, decimals, loneSurrogate, deepest));
+        sawFloat |= sawFloat0;
+        decimals |= decimals0;
+        loneSurrogate |= loneSurrogate0;
+        deepest = Math.max(deepest, deepest0);
+        return value;
     }
 
     private Object parseArray(int idx) throws Failure {
