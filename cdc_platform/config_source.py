@@ -25,6 +25,7 @@ SOURCE_KINDS = ("files", "kafka")
 _KAFKA_KEYS = {
     "kind", "bootstrap_servers", "topics", "subscribe_pattern", "starting_offsets", "max_offsets_per_trigger",
     "fail_on_data_loss", "options", "format", "schema_registry_url", "schema_registry_user", "schema_registry_password",
+    "min_partitions",
 }
 FORMATS = ("json", "avro")
 #: Kafka records per micro-batch, the counterpart of `config.DEFAULT_MAX_FILES_PER_TRIGGER` (same reasoning).
@@ -65,6 +66,10 @@ class KafkaSourceConfig:
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER
     #: Stop when offsets the checkpoint expects are gone (retention deleted unread records); false reads on.
     fail_on_data_loss: bool = True
+    #: Spark tasks a micro-batch's records are read, decoded and parsed in, at least (Spark's `minPartitions`: a
+    #: topic partition's offsets are split into consecutive ranges, so their order holds); None: the session's
+    #: default parallelism (its cores), since a Debezium topic often has one partition, which alone is one task.
+    min_partitions: int | None = None
     #: Pass-through `kafka.*` consumer options (security settings and the like), `${VAR}`s already expanded.
     options: tuple[tuple[str, str], ...] = ()
     #: How record values and keys are written: Debezium's JSON converter, or Avro with a schema registry.
@@ -81,6 +86,8 @@ class KafkaSourceConfig:
             opts["subscribe"] = ",".join(self.topics)
         if self.max_offsets_per_trigger is not None:
             opts["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        if self.min_partitions is not None:
+            opts["minPartitions"] = str(self.min_partitions)
         opts.update(self.options)
         return opts
 
@@ -152,6 +159,10 @@ def _parse_kafka(raw: Mapping[str, Any], where: str, environ: Mapping[str, str])
     max_offsets = raw.get("max_offsets_per_trigger", DEFAULT_MAX_OFFSETS_PER_TRIGGER)
     if max_offsets is not None and (not isinstance(max_offsets, int) or isinstance(max_offsets, bool) or max_offsets < 1):
         raise ConfigError(f"{entry}.max_offsets_per_trigger must be a positive integer (records per micro-batch) or null, got {max_offsets!r}")
+    min_partitions = raw.get("min_partitions")
+    if min_partitions is not None and (not isinstance(min_partitions, int) or isinstance(min_partitions, bool) or min_partitions < 1):
+        raise ConfigError(f"{entry}.min_partitions must be a positive integer (Spark tasks a micro-batch is read in, at least) "
+                          f"or null for the session's cores, got {min_partitions!r}")
     fail = raw.get("fail_on_data_loss", True)
     if not isinstance(fail, bool):
         raise ConfigError(f"{entry}.fail_on_data_loss must be true or false, got {fail!r}")
@@ -176,7 +187,7 @@ def _parse_kafka(raw: Mapping[str, Any], where: str, environ: Mapping[str, str])
         raise ConfigError(f"{entry}.format must be one of {', '.join(FORMATS)} (how the connector's converter writes records), got {fmt!r}")
     return KafkaSourceConfig(
         bootstrap_servers=servers.strip(), topics=topic_tuple, subscribe_pattern=pattern, starting_offsets=starting,
-        max_offsets_per_trigger=max_offsets, fail_on_data_loss=fail, options=tuple(resolved),
+        max_offsets_per_trigger=max_offsets, fail_on_data_loss=fail, min_partitions=min_partitions, options=tuple(resolved),
         format=fmt, schema_registry=_schema_registry(raw, fmt, entry, environ),
     )
 

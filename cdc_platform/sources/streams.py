@@ -112,7 +112,10 @@ def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig, *, headers: bool
     from pyspark.sql import functions as F
 
     reader = spark.readStream.format("kafka")
-    for name, value in kafka.spark_options().items():
+    options = kafka.spark_options()
+    if "minPartitions" not in options:  # one task per topic partition would leave the other cores idle
+        options["minPartitions"] = str(default_parallelism(spark))
+    for name, value in options.items():
         reader = reader.option(name, value)
     if headers:
         reader = reader.option("includeHeaders", "true")
@@ -128,6 +131,11 @@ def kafka_stream(spark: SparkSession, kafka: KafkaSourceConfig, *, headers: bool
         F.col("offset").cast("long").alias("kafka_offset"),
         *([F.col("headers").alias(HEADERS_COLUMN), F.col("timestamp").alias(TIMESTAMP_COLUMN)] if headers else []),
     )
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The session's default parallelism: its cores in local mode, its executors' cores on a cluster."""
+    return max(1, int(spark.sparkContext.defaultParallelism))
 
 
 def input_columns(names: list[str]) -> list[str]:

@@ -62,6 +62,9 @@ source: {kind: kafka, bootstrap_servers: 'h:1', topics: [a.b, c], starting_offse
     assert json.loads(opts["startingOffsets"]) == {"a.b": {"0": 5, "1": -2}}
     unlimited = parse_source({"kind": "kafka", "bootstrap_servers": "h:1", "topics": "t", "max_offsets_per_trigger": None}, "x")
     assert unlimited.kafka.topics == ("t",) and "maxOffsetsPerTrigger" not in unlimited.kafka.spark_options()
+    assert "minPartitions" not in opts, "left to the stream, which asks for the session's cores"
+    one_task = parse_source({"kind": "kafka", "bootstrap_servers": "h:1", "topics": "t", "min_partitions": 1}, "x")
+    assert one_task.kafka.spark_options()["minPartitions"] == "1"
 
 
 KAFKA = "lake: k\nsource:\n  kind: kafka\n"
@@ -84,6 +87,8 @@ KAFKA = "lake: k\nsource:\n  kind: kafka\n"
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  starting_offsets: {a: {x: 1}}\n", "starting_offsets must be earliest, latest"),
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  max_offsets_per_trigger: 0\n", "max_offsets_per_trigger must be a positive integer"),
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  fail_on_data_loss: maybe\n", "fail_on_data_loss must be true or false"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  min_partitions: 0\n", "min_partitions must be a positive integer"),
+        (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  min_partitions: two\n", "min_partitions must be a positive integer"),
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  kafka.security.protocol: SSL\n",
          "unknown key(s) kafka.security.protocol (pass Kafka consumer settings under `options:`"),
         (KAFKA + "  bootstrap_servers: h:1\n  topics: [a]\n  options: {security.protocol: SSL}\n", "named `kafka.<setting>`"),

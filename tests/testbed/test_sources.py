@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,35 @@ def test_records_arrive_in_the_parsers_column_contract(testbed: Stack, spark: An
     query = start(spark, kafka, tmp_path / "ckpt", again, available_now=True)
     query.awaitTermination(120)
     assert again.rows() == []
+
+
+def test_a_one_partition_topic_is_read_in_a_task_per_core_in_offset_order(testbed: Stack, spark: Any, tmp_path: Path) -> None:
+    """A Debezium topic of one partition is still read (decoded, parsed) on every core: `minPartitions` cuts its
+    offsets into consecutive ranges, so (Spark partition, row), the order the parser numbers lines in, is offset
+    order; `min_partitions: 1` keeps one task."""
+    from pyspark.sql import functions as F
+
+    topic = f"one_{uuid.uuid4().hex[:8]}.public.t"
+    produce(testbed.broker.bootstrap, topic, [(None, change(i, lsn=100 + i), 0) for i in range(40)])
+    cores = spark.sparkContext.defaultParallelism
+    assert cores >= 2, "the tests' session has two cores"
+    seen: dict[int | None, list[tuple[int, list[int]]]] = {}
+
+    def sink_for(setting: int | None) -> Callable[[Any, int], None]:
+        def sink(df: Any, batch_id: int) -> None:
+            rows = df.select(F.spark_partition_id().alias("task"), "kafka_offset", F.monotonically_increasing_id().alias("seq")).collect()
+            order = [r["kafka_offset"] for r in sorted(rows, key=lambda r: r["seq"])]
+            seen.setdefault(setting, []).append((len({r["task"] for r in rows}), order))
+        return sink
+
+    for setting in (None, 1):
+        kafka = KafkaSourceConfig(bootstrap_servers=testbed.broker.bootstrap, topics=(topic,), min_partitions=setting)
+        writer = kafka_stream(spark, kafka).writeStream.foreachBatch(sink_for(setting)).trigger(availableNow=True)
+        query = writer.option("checkpointLocation", str(tmp_path / f"ckpt{setting}")).start()
+        query.awaitTermination(120)
+        assert query.exception() is None
+    assert seen[None] == [(cores, list(range(40)))], "one task per core, the lines numbered in offset order"
+    assert seen[1] == [(1, list(range(40)))]
 
 
 def test_a_topic_created_after_the_start_is_read_without_a_restart(testbed: Stack, spark: Any, tmp_path: Path) -> None:
