@@ -82,21 +82,25 @@ def lake_config(root: Path, bed: Any, topics: list[str], avro: bool) -> Any:
     return load_config(root / "cdc.yaml")
 
 
-def decode_only(spark: Any, bed: Any, topic: str) -> tuple[float, int]:
-    """Seconds to turn the Avro topic's records into lines (ids, registry, `from_avro`, the text), counted."""
+def decode_only(spark: Any, bed: Any, topic: str) -> tuple[float, float, int]:
+    """Seconds to learn the batch's schema ids (the records read and held, their ids collected, the registry asked)
+    and then to turn the records into lines (`from_avro`, the text), and the characters made; read as the stream
+    reads (as many tasks as cores)."""
     from cdc_platform.sources.avro_decode import AvroLines
     from cdc_platform.sources.schema_registry import SchemaRegistry
+    from cdc_platform.sources.streams import default_parallelism
     from pyspark.sql import functions as F
 
     records = (spark.read.format("kafka").option("kafka.bootstrap.servers", bed.broker.bootstrap).option("subscribe", topic)
-               .option("startingOffsets", "earliest").load()
+               .option("startingOffsets", "earliest").option("minPartitions", str(default_parallelism(spark))).load()
                .select("value", F.lit("x").alias("source_file"), F.col("key").alias("kafka_key")))
     t0 = time.perf_counter()
     decode = AvroLines(SchemaRegistry(bed.registry.url))
     lines = decode(records)
+    t1 = time.perf_counter()
     n = lines.where(F.col("reject_code").isNull() & F.col("value").isNotNull()).agg(F.sum(F.length("value"))).collect()[0][0] or 0
     decode.release()
-    return time.perf_counter() - t0, int(n)
+    return t1 - t0, time.perf_counter() - t1, int(n)
 
 
 def main() -> int:
@@ -136,9 +140,9 @@ def main() -> int:
 
         spark = get_spark()
         decode_only(spark, bed, avro_topic)  # warm-up: the first jobs of a session compile and load classes
-        seconds, chars = decode_only(spark, bed, avro_topic)
-        say(f"decode only, after a warm-up (Avro -> the JSON converter's text, {chars / 1e6:,.0f} M chars): {seconds:.1f} s, "
-            f"{changes / seconds:,.0f} records/s   [{load_average()}]")
+        ids, made, chars = decode_only(spark, bed, avro_topic)
+        say(f"decode only, after a warm-up (Avro -> the JSON converter's text, {chars / 1e6:,.0f} M chars): {ids + made:.1f} s "
+            f"(the ids {ids:.1f} s, the text {made:.1f} s), {changes / (ids + made):,.0f} records/s   [{load_average()}]")
 
         rates: dict[str, list[float]] = {"json": [], "avro": []}
         for i, fmt in enumerate(alternating(["json", "avro"], args.repeat)):
@@ -148,8 +152,9 @@ def main() -> int:
             report = IngestJob(cfg).run_available_now(spark)
             took = time.perf_counter() - t
             rates[fmt].append(changes / took)
+            steps = ", ".join(f"{k} {v:.1f}" for k, v in sorted(report.stage_seconds().items(), key=lambda kv: -kv[1]) if v >= 0.05)
             say(f"cdc run, {fmt}: {took:.1f} s, {changes / took:,.0f} change events/s, {len(report.batches)} batches, "
-                f"{report.total('rows_read'):,} records   [{load_average()}]")
+                f"{report.total('rows_read'):,} records (steps, s: {steps})   [{load_average()}]")
         best = {fmt: max(r) for fmt, r in rates.items()}
         say(f"best rates: json {best['json']:,.0f}/s, avro {best['avro']:,.0f}/s (avro/json {best['avro'] / best['json']:.2f}); "
             f"records on the topics: {sizes}")
