@@ -499,7 +499,7 @@ public final class Envelope {
 
     /** {@code _row_schema}: the Connect schema of the {@code after} (else {@code before}) field, canonical. */
     private String rowSchema(Object schema) throws PyWriter.TooDeep {
-        if (schema != lastSchema || schema == null) {
+        if (schema != lastSchema) {
             String text = writeRowSchema(schema);
             lastSchema = schema;
             lastRowSchema = text;

@@ -43,24 +43,12 @@ final class Memo {
     private static final int MIN_SCHEMA_BYTES = 128; // shorter ones read faster than they are looked up
 
     /** A schema object read once: its bytes, where and how it was read, the value and what reading it set. */
-    static final class Schema {
-        final byte[] bytes;
-        final int depth;
-        final boolean floats;
-        final Object value;
-        final boolean sawFloat, decimals, loneSurrogate;
-        final int deepest;
+    record Schema(byte[] bytes, int depth, boolean floats, Object value, boolean sawFloat, boolean decimals, boolean loneSurrogate,
+                  int deepest) {}
 
-        Schema(byte[] bytes, int depth, boolean floats, Object value, boolean sawFloat, boolean decimals, boolean loneSurrogate, int deepest) {
-            this.bytes = bytes;
-            this.depth = depth;
-            this.floats = floats;
-            this.value = value;
-            this.sawFloat = sawFloat;
-            this.decimals = decimals;
-            this.loneSurrogate = loneSurrogate;
-            this.deepest = deepest;
-        }
+    /** Whether a schema of {@code length} bytes is worth remembering (and its bytes copying). */
+    static boolean worthRemembering(int length) {
+        return length >= MIN_SCHEMA_BYTES;
     }
 
     private final Schema[] schemas = new Schema[SCHEMA_SLOTS];
@@ -71,7 +59,7 @@ final class Memo {
         for (Schema s : schemas) {
             if (s == null) return null;
             int to = from + s.bytes.length;
-            if (s.depth == depth && s.floats == floats && to <= end && b[to - 1] == '}' && Arrays.equals(s.bytes, 0, s.bytes.length, b, from, to)) {
+            if (s.depth == depth && s.floats == floats && to <= end && Arrays.equals(s.bytes, 0, s.bytes.length, b, from, to)) {
                 return s;
             }
         }
@@ -79,7 +67,6 @@ final class Memo {
     }
 
     void remember(Schema s) {
-        if (s.bytes.length < MIN_SCHEMA_BYTES) return;
         schemas[nextSlot] = s;
         nextSlot = (nextSlot + 1) % SCHEMA_SLOTS;
     }

@@ -242,19 +242,21 @@ final class PyJson {
     private Object schema(int idx) throws Failure {
         Memo.Schema known = memo.schema(b, idx, end, depth, floats);
         if (known != null) {
-            next = idx + known.bytes.length;
-            sawFloat |= known.sawFloat;
-            decimals |= known.decimals;
-            loneSurrogate |= known.loneSurrogate;
-            deepest = Math.max(deepest, known.deepest);
-            return known.value;
+            next = idx + known.bytes().length;
+            sawFloat |= known.sawFloat();
+            decimals |= known.decimals();
+            loneSurrogate |= known.loneSurrogate();
+            deepest = Math.max(deepest, known.deepest());
+            return known.value();
         }
         boolean sawFloat0 = sawFloat, decimals0 = decimals, loneSurrogate0 = loneSurrogate;
         int deepest0 = deepest;
         sawFloat = decimals = loneSurrogate = false;
         deepest = depth;
         Object value = scanOnce(idx);
-        memo.remember(new Memo.Schema(java.util.Arrays.copyOfRange(b, idx, next), depth, floats, value, sawFloat, decimals, loneSurrogate, deepest));
+        if (Memo.worthRemembering(next - idx)) {
+            memo.remember(new Memo.Schema(java.util.Arrays.copyOfRange(b, idx, next), depth, floats, value, sawFloat, decimals, loneSurrogate, deepest));
+        }
         sawFloat |= sawFloat0;
         decimals |= decimals0;
         loneSurrogate |= loneSurrogate0;
