@@ -29,6 +29,10 @@ RECORD_KEY_COLUMN = "kafka_key"
 #: the record's bytes in base64 as the line. Null for every line that is one.
 REJECT_CODE = "reject_code"
 REJECT_REASON = "reject_reason"
+#: The reject code of a record the source has not made a line of *yet* (an Avro record naming a schema id the
+#: decoder had not read when it planned the batch): never a dead letter. The ingest counts them in the batch's
+#: aggregate and, before committing anything, asks the source for the batch again, learning (`BatchLines`).
+LINES_INCOMPLETE = "lines_incomplete"
 
 RAW_CHANGE_EVENTS = pa.schema(
     [

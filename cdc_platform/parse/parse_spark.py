@@ -109,6 +109,8 @@ class BatchFigures:
     table_clocks: tuple[TableClock, ...] = ()  # by table id
     #: The newest marker time (microseconds) and the count of the markers that name a transaction.
     marker_clock: tuple[int | None, int] = (None, 0)
+    #: Records the source has not made lines of yet (`schemas.LINES_INCOMPLETE`): the batch must be made again.
+    incomplete_lines: int = 0
 
     @property
     def in_batch_duplicates(self) -> int:
@@ -197,6 +199,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
         F.count(F.lit(1)).alias("rows_read"),
         count(heartbeat).alias("heartbeats"),
         count((kind == "control") & (F.col("reason_code") == "schema_change")).alias("schema_changes"),
+        count((kind == "dead_letter") & (F.col("reason_code") == schemas.LINES_INCOMPLETE)).alias("incomplete_lines"),
         F.unix_micros(F.max(F.when(change, F.col("source_ts")))).alias("newest_source_ts"),
         F.unix_micros(F.max(F.when(heartbeat, F.col("source_ts")))).alias("newest_heartbeat_ts"),
         count(change & clocked).alias("clocked"),
@@ -207,7 +210,7 @@ def figures_of(parsed: DataFrame, ingested_at: dt.datetime, losers: DataFrame) -
         *footprint_columns("markers_", F.coalesce(F.col("marker_date"), today), F.col("transaction_id"), where=kind == "marker"),
     )
     rows = [r.asDict() for r in groups.collect()]
-    values: dict[str, int] = {k: sum(int(r[k]) for r in rows) for k in ("rows_read", "heartbeats", "schema_changes")}
+    values: dict[str, int] = {k: sum(int(r[k]) for r in rows) for k in ("rows_read", "heartbeats", "schema_changes", "incomplete_lines")}
     values |= {name: sum(int(r["rows_read"]) for r in rows if r["group_kind"] == k) for k, name in _KIND_COUNTS.items()}
     # A batch without changes or markers (a heartbeat-only one, say) has no repeats: no job to find none.
     found = Repeats.of(losers) if values["change_events"] or values["markers"] else Repeats({}, [])

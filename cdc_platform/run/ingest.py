@@ -84,6 +84,15 @@ def default_stages(config: PlatformConfig) -> list[Stage | SparkStage]:
     return stages
 
 
+class LinesIncomplete(Exception):
+    """The source has not made lines of some of the batch's records yet (`schemas.LINES_INCOMPLETE`), found by
+    the batch's aggregate before anything is committed: `foreach_batch` asks the source again, learning."""
+
+    def __init__(self, records: int) -> None:
+        super().__init__(f"{records} records of the batch were not made into lines yet")
+        self.records = records
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -225,6 +234,8 @@ class IngestJob:
         with spark_jobs.batch_labelled(batch_id, "split"):
             split = parse_spark.split(parsed, batch_id, started)
         try:
+            if split.figures.incomplete_lines:  # before anything is committed: `foreach_batch` makes the lines again
+                raise LinesIncomplete(split.figures.incomplete_lines)
             return self._commit_split(split, batch_id, query_id, t0=t0, started=started, before=before, split_seconds=time.perf_counter() - t)
         finally:
             split.release()
@@ -362,7 +373,12 @@ class IngestJob:
                 parsed = parse_spark.parse_lines(self._lines(df), self.keys, outbox=self.config.outbox)
                 with self.gate.lock, spark_jobs.in_pool("ingest"):
                     self.gate.check(batch_id)
-                    report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)
+                    try:
+                        report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)
+                    except LinesIncomplete as incomplete:
+                        self.progress(f"batch {batch_id}: {incomplete.records:,} records name a schema not read yet; decoding the batch again")
+                        parsed = parse_spark.parse_lines(self._lines(df, learn=True), self.keys, outbox=self.config.outbox)
+                        report = self.process_parsed(parsed, batch_id, self.query_id(), started=started, drain=False)
             finally:
                 self._lines.release()
         except StopRequested:

@@ -7,7 +7,9 @@ records becomes that text first, and from there on everything is the JSON path's
 identities, positions, transactions and view values (`tests/testbed/test_kafka_avro.py` holds the two
 side by side on real connectors). Per micro-batch:
 
-1. the schema ids the batch's keys and values name are collected (one small aggregate, a few ids);
+1. the schema ids the batch's keys and values name are collected (one small aggregate, a few ids), unless
+   the schemas already read are likely to be all it names (`AvroLines`: then a record naming another id
+   makes the ingest ask for the batch again, with this step);
 2. each id the process has not seen is read from the registry's Confluent-compatible API, once
    (`schema_registry.SchemaRegistry`, which keeps them: an id's schema never changes);
 3. each id's Avro schema gives two things on the driver (`connect_schema`): the Connect schema the
@@ -29,10 +31,11 @@ batch commits anything, so the batch replays once the registry is back.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cdc_platform.errors import CdcError
-from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
+from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, LINES_INCOMPLETE, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
 from cdc_platform.sources import connect_schema
 from cdc_platform.sources.schema_registry import RegistrySchema, SchemaRegistry
 
@@ -89,37 +92,65 @@ class Decoder:
 
 
 class AvroLines:
-    """What the ingest job calls on each micro-batch of a `format: avro` Kafka source: records in, lines out."""
+    """What the ingest job calls on each micro-batch of a `format: avro` Kafka source: records in, lines out.
 
-    def __init__(self, registry: SchemaRegistry) -> None:
+    A batch is decoded with the schemas already known (module doc, steps 3-4) when they are likely to be all
+    it names: those of the topics' subjects, read before the first batch, and those learned since. A record
+    naming another id is not decoded but marked `LINES_INCOMPLETE` (no dead letter: the ingest sees the count
+    in the batch's one aggregate, before it commits anything, and asks again with `learn=True`, which collects
+    the batch's ids first, steps 1-2, as every batch did before). So a stream in its steady state reads each
+    batch once, in one job less; a new schema id costs its batch a second read.
+    """
+
+    #: At most this many schemas take part in a batch decoded without learning (the newest ids: registries hand
+    #: them out in increasing order, and a table's current schema is its newest); the plan has a branch per id.
+    KNOWN_LIMIT = 32
+
+    def __init__(self, registry: SchemaRegistry, subjects: Sequence[str] = ()) -> None:
         self.registry = registry
+        self.subjects = tuple(subjects)
+        self._listed = False
         self._decoders: dict[int, Decoder] = {}
         self._held: DataFrame | None = None
 
-    def __call__(self, records: DataFrame) -> DataFrame:
-        """The batch's lines. The records are held (persisted) for the batch: the ids' job and the decode then
-        read the topic once, not twice (Kafka's records are small beside the text made from them); the ingest
+    def __call__(self, records: DataFrame, *, learn: bool = False) -> DataFrame:
+        """The batch's lines. Learning, the records are held (persisted) for the batch: the ids' job and the decode
+        then read the topic once, not twice (Kafka's records are small beside the text made from them); the ingest
         lets them go with `release` once the batch is committed."""
         from pyspark.sql import functions as F
 
         self.release()
+        if not self._listed:
+            self._listed = True
+            for subject in self.subjects:
+                for schema in self.registry.subject_schemas(subject):
+                    self._decoder(schema)
+        if not learn and self._decoders:
+            known = dict(sorted(self._decoders.items())[-self.KNOWN_LIMIT:])
+            return lines(records, known, self.registry.url, unknown=LINES_INCOMPLETE)
         records = self._held = records.persist()
         ids = [r["id"] for r in records.select(F.explode(F.array(_schema_id(F.col("value")), _schema_id(F.col(RECORD_KEY_COLUMN)))).alias("id"))
                .where(F.col("id").isNotNull()).distinct().collect()]
         found = self.registry.schemas(ids)
-        decoders: dict[int, Decoder] = {}
-        for schema_id, schema in found.items():
-            if schema is not None:
-                if schema_id not in self._decoders:
-                    self._decoders[schema_id] = Decoder(schema)
-                decoders[schema_id] = self._decoders[schema_id]
+        decoders = {schema_id: self._decoder(schema) for schema_id, schema in found.items() if schema is not None}
         return lines(records, decoders, self.registry.url)
+
+    def _decoder(self, schema: RegistrySchema) -> Decoder:
+        if schema.schema_id not in self._decoders:
+            self._decoders[schema.schema_id] = Decoder(schema)
+        return self._decoders[schema.schema_id]
 
     def release(self) -> None:
         """Let the last batch's held records go (idempotent)."""
         held, self._held = self._held, None
         if held is not None:
             held.unpersist()
+
+
+def subjects_of(topics: Sequence[str]) -> list[str]:
+    """The subjects an Avro converter registers a topic's schemas under by default (`TopicNameStrategy`, also
+    Apicurio's `TopicIdStrategy` through its Confluent-compatible API): `<topic>-value` and `<topic>-key`."""
+    return [f"{topic}-{side}" for topic in topics for side in ("value", "key")]
 
 
 def _null_encoding(avro: object) -> bytes | None:
@@ -203,8 +234,11 @@ def _failed(name: str, text: Column, decoders: dict[int, Decoder]) -> Column:
     return out
 
 
-def lines(records: DataFrame, decoders: dict[int, Decoder], registry_url: str) -> DataFrame:
-    """The micro-batch's records (binary `value` and key) as lines in `streams.py`'s column contract."""
+def lines(records: DataFrame, decoders: dict[int, Decoder], registry_url: str, *, unknown: str = UNKNOWN_SCHEMA_ID) -> DataFrame:
+    """The micro-batch's records (binary `value` and key) as lines in `streams.py`'s column contract.
+
+    A record naming a schema id not among `decoders` gets the code `unknown`: `UNKNOWN_SCHEMA_ID` when they are
+    every id of the batch the registry knows, `LINES_INCOMPLETE` when they are only the ids known so far."""
     from pyspark.sql import functions as F
 
     key, value = F.col(RECORD_KEY_COLUMN), F.col("value")
@@ -234,9 +268,11 @@ def lines(records: DataFrame, decoders: dict[int, Decoder], registry_url: str) -
                             "then Avro); it starts with 0x"), F.lower(F.hex(F.substring(c, 1, 4))),
                       F.lit(f": is the topic written by another converter? (`format: json` reads the JSON converter's); {_BASE64_NOTE}"))),
             (schema_id.isNotNull() & ~schema_id.isin(usable) & unsupported.isNull(),
-             UNKNOWN_SCHEMA_ID,
+             unknown,
              F.concat(F.lit("schema id "), id_text, F.lit(f"{at} is unknown to the schema registry at {registry_url} (HTTP 404): "
-                                                         f"written against another registry, or the schema was deleted; {_BASE64_NOTE}"), extra)),
+                                                         f"written against another registry, or the schema was deleted; {_BASE64_NOTE}"), extra)
+             if unknown == UNKNOWN_SCHEMA_ID else
+             F.concat(F.lit("schema id "), id_text, F.lit(f"{at} was not read from the registry yet: the batch is decoded again with it"))),
             (unsupported.isNotNull(),
              UNSUPPORTED_SCHEMA,
              F.concat(F.lit("schema id "), id_text, F.lit(f"{at} "), unsupported, F.lit(f"; {_BASE64_NOTE}"), extra)),

@@ -5,6 +5,9 @@ serves that id's schema at `GET <url>/schemas/ids/<id>`, the one path every Conf
 registry answers (Confluent Schema Registry, Apicurio Registry's `/apis/ccompat/v7`, Karapace, Redpanda).
 An id names one schema forever (a registry never reuses it), so a schema read once is kept for the
 process: the ingest job asks only for the ids it has not seen, once per micro-batch, from the driver.
+Before its first batch it also reads its topics' subjects (`GET <url>/subjects/<subject>/versions` and
+each version, which names its id and schema), so that a stream's batches can be decoded with the ids
+already known, without first collecting the ids each names (`avro_decode.AvroLines`).
 
 What can happen, and what becomes of it:
 
@@ -28,6 +31,7 @@ import base64
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -71,6 +75,7 @@ class SchemaRegistry:
     attempts: int = DEFAULT_ATTEMPTS
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     _known: dict[int, RegistrySchema] = field(default_factory=dict, repr=False)
+    _versions: dict[str, dict[int, int]] = field(default_factory=dict, repr=False)  # subject -> version -> id, read
     lookups: int = 0  # requests made (a test reads it: each id once)
 
     def schemas(self, ids: Iterable[int]) -> dict[int, RegistrySchema | None]:
@@ -81,14 +86,55 @@ class SchemaRegistry:
             if known is None:
                 known = self._fetch(schema_id)
                 if known is not None:
-                    if len(self._known) >= CACHE_LIMIT:
-                        self._known.clear()
-                    self._known[schema_id] = known
+                    self._keep(known)
             found[schema_id] = known
         return found
 
+    def subject_schemas(self, subject: str) -> list[RegistrySchema]:
+        """Every schema registered under `subject` (`GET /subjects/<subject>/versions`, then each version not
+        read before); [] when the registry has no such subject. The Avro decode asks for its topics' subjects
+        (`<topic>-value` and `<topic>-key`, the converters' default naming) before the first batch, so it
+        need not read a batch twice to learn the ids it names (`avro_decode.AvroLines`)."""
+        base = f"{self.url.rstrip('/')}/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+        raw = self._get(base, f"subject {subject}")
+        if raw is None:
+            return []
+        try:
+            versions = [int(v) for v in json.loads(raw)]
+        except (ValueError, TypeError) as exc:
+            raise SchemaRegistryError(f"{base} answered what is not a list of versions ({exc}: {raw[:200]!r}); "
+                                      "is source.schema_registry_url the registry's Confluent-compatible API?") from None
+        read = self._versions.setdefault(subject, {})
+        for version in versions:
+            if version in read:
+                continue
+            where = f"{base}/{version}"
+            body = self._get(where, f"subject {subject} version {version}")
+            if body is None:  # deleted between the two requests
+                continue
+            try:
+                read[version] = int(json.loads(body)["id"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SchemaRegistryError(f"{where} answered what is not a subject version ({exc}: {body[:200]!r}); "
+                                          "is source.schema_registry_url the registry's Confluent-compatible API?") from None
+        # The schemas themselves come from `/schemas/ids/<id>`, the path a record's id is read by: were a registry's
+        # versions to name ids of another kind (a global id beside content ids), an id would still get its own schema.
+        found = self.schemas(read.values())
+        return [found[i] for i in sorted(set(read.values())) if found[i] is not None]  # type: ignore[misc]
+
+    def _keep(self, schema: RegistrySchema) -> None:
+        if len(self._known) >= CACHE_LIMIT:
+            self._known.clear()
+            self._versions.clear()
+        self._known[schema.schema_id] = schema
+
     def _fetch(self, schema_id: int) -> RegistrySchema | None:
         where = f"{self.url.rstrip('/')}/schemas/ids/{schema_id}"
+        raw = self._get(where, f"schema id {schema_id}")
+        return None if raw is None else _schema(schema_id, raw, where)
+
+    def _get(self, where: str, what: str) -> bytes | None:
+        """The body of a GET, None on 404; raises on refusals, and when the registry does not answer after every attempt."""
         headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
         if self.user is not None:
             token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode("ascii")
@@ -99,7 +145,7 @@ class SchemaRegistry:
             self.lookups += 1
             try:
                 with urllib.request.urlopen(urllib.request.Request(where, headers=headers), timeout=self.timeout) as resp:
-                    return _schema(schema_id, resp.read(), where)
+                    return resp.read()  # type: ignore[no-any-return]
             except urllib.error.HTTPError as err:
                 if err.code == 404:
                     return None
@@ -117,7 +163,7 @@ class SchemaRegistry:
                 self.sleep(pause)
                 pause *= 2
         raise SchemaRegistryUnavailable(
-            f"the schema registry at {self.url} did not answer for schema id {schema_id} after {self.attempts} attempts "
+            f"the schema registry at {self.url} did not answer for {what} after {self.attempts} attempts "
             f"({problem}); nothing of this micro-batch was committed: start the stream again once the registry is back "
             "and the batch replays")
 

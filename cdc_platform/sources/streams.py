@@ -58,9 +58,12 @@ def stream(spark: SparkSession, config: PlatformConfig) -> DataFrame:
 
 
 class BatchLines(Protocol):
-    """Makes one micro-batch of `stream` into lines; `release` lets go of what it held for that batch."""
+    """Makes one micro-batch of `stream` into lines; `release` lets go of what it held for that batch.
 
-    def __call__(self, records: DataFrame) -> DataFrame: ...
+    Lines it could not make yet carry the reject code `schemas.LINES_INCOMPLETE`; the ingest then calls it
+    again on the same records with `learn=True`, which makes every line (or rejects it for good)."""
+
+    def __call__(self, records: DataFrame, *, learn: bool = False) -> DataFrame: ...
 
     def release(self) -> None: ...
 
@@ -71,17 +74,18 @@ def batch_lines(config: PlatformConfig) -> BatchLines:
     kafka = config.source.kafka
     if kafka is None or kafka.schema_registry is None:
         return AsIs()
-    from cdc_platform.sources.avro_decode import AvroLines
+    from cdc_platform.sources.avro_decode import AvroLines, subjects_of
     from cdc_platform.sources.schema_registry import SchemaRegistry
 
     reg = kafka.schema_registry
-    return AvroLines(SchemaRegistry(reg.url, user=reg.user, password=reg.password))
+    # A pattern's topics are not known up front: its first batch learns the ids it names (`AvroLines`).
+    return AvroLines(SchemaRegistry(reg.url, user=reg.user, password=reg.password), subjects_of(kafka.topics))
 
 
 class AsIs:
     """Lines that need no making: the files' and JSON topics' micro-batches as they come."""
 
-    def __call__(self, records: DataFrame) -> DataFrame:
+    def __call__(self, records: DataFrame, *, learn: bool = False) -> DataFrame:
         return records
 
     def release(self) -> None:

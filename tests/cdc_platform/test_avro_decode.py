@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from cdc_platform.config import load_config
-from cdc_platform.lake.schemas import RECORD_KEY_COLUMN, REJECT_CODE
+from cdc_platform.lake.schemas import LINES_INCOMPLETE, RECORD_KEY_COLUMN, REJECT_CODE
 from cdc_platform.parse import parse_spark
 from cdc_platform.parse.envelope import KeySpec, parse_line
 from cdc_platform.sources import avro_decode
@@ -175,20 +175,74 @@ def test_a_record_of_nulls_is_told_from_bytes_that_do_not_decode(spark: Any) -> 
 
 
 def test_a_batchs_records_are_held_for_the_batch_and_let_go_after(spark: Any) -> None:
-    """The ids' job and the decode read the batch's records once (held), and `release` lets them go: a held
-    frame per batch would otherwise pile up in the executors' memory over a long stream."""
+    """Learning, the ids' job and the decode read the batch's records once (held), and `release` lets them go: a
+    held frame per batch would otherwise pile up in the executors' memory over a long stream."""
     data = captured()
     records = [(raw(r["key"]), raw(r["value"])) for r in data["records"][:5]]
     with stub_registry(schema_ids(data)) as reg:
         decode = AvroLines(SchemaRegistry(reg.url))
-        first = decode(frame(spark, records))
+        first = decode(frame(spark, records))  # nothing known yet: it learns
         held = decode._held
         assert held is not None and held.is_cached
         expected = first.collect()
-        second = decode(frame(spark, records))  # the next batch lets the last one's go
+        second = decode(frame(spark, records), learn=True)  # the next batch lets the last one's go
         assert not held.is_cached and decode._held is not None and decode._held.is_cached
         assert second.collect() == expected
         decode.release()
         decode.release()  # idempotent
         assert decode._held is None
         assert second.collect() == expected  # recomputed from the source once let go
+        third = decode(frame(spark, records))  # every id known: no ids' job, nothing held
+        assert decode._held is None and third.collect() == expected
+
+
+TYPES_TOPIC = "avro.pg.public.types"
+
+
+def test_known_schemas_decode_a_batch_once_and_a_new_id_is_left_for_the_second_pass(spark: Any) -> None:
+    """The topic's subjects, read before the first batch, give the schemas a batch is decoded with, without its
+    ids' job; a record naming an id not among them (here the column added mid-capture: value schema 17) is marked
+    `LINES_INCOMPLETE`, and decoding again, learning, makes every line as learning from the start makes them."""
+    data = captured()
+    records = [(raw(r["key"]), raw(r["value"])) for r in data["records"] if r["topic"] == TYPES_TOPIC]
+    subjects = {f"{TYPES_TOPIC}-key": [1], f"{TYPES_TOPIC}-value": [2]}
+    with stub_registry(schema_ids(data), subjects=subjects) as reg:
+        decode = AvroLines(SchemaRegistry(reg.url), avro_decode.subjects_of([TYPES_TOPIC]))
+        first = decode(frame(spark, records, TYPES_TOPIC)).collect()
+        assert decode._held is None, "no ids' pass"
+        assert sorted(p for p in reg.requests if p.startswith("/schemas/ids/")) == ["/schemas/ids/1", "/schemas/ids/2"], "the subjects' ids"
+        asked = len(reg.requests)
+        learned = decode(frame(spark, records, TYPES_TOPIC), learn=True).collect()
+        assert reg.requests[asked:] == ["/schemas/ids/17"], "only the new id is read"
+        with stub_registry(schema_ids(data)) as fresh:
+            assert learned == AvroLines(SchemaRegistry(fresh.url))(frame(spark, records, TYPES_TOPIC)).collect()
+        again = decode(frame(spark, records, TYPES_TOPIC)).collect()
+    assert again == learned, "with the new id known, a batch is decoded once and whole"
+    incomplete = [i for i, line in enumerate(first) if line[REJECT_CODE] == LINES_INCOMPLETE]
+    assert incomplete == [i for i, (_, v) in enumerate(records) if v is not None and struct.unpack(">I", v[1:5])[0] == 17]
+    assert len(incomplete) == 3 and all("not read from the registry yet" in first[i]["reject_reason"] for i in incomplete)
+    assert [line for i, line in enumerate(first) if i not in incomplete] == [line for i, line in enumerate(learned) if i not in incomplete]
+
+
+def test_the_ingest_decodes_a_batch_again_when_it_names_a_schema_not_read_yet(spark: Any, tmp_path: Path, query) -> None:  # noqa: ANN001
+    """The batch's aggregate counts the records left for a second pass before anything is committed; the job
+    decodes the batch again, learning, and commits it once: the lake is the one learning from the start gives."""
+    from cdc_platform.run.ingest import IngestJob
+
+    data = captured()
+    records = [(raw(r["key"]), raw(r["value"])) for r in data["records"] if r["topic"] == TYPES_TOPIC]
+    messages: list[str] = []
+    with stub_registry(schema_ids(data), subjects={f"{TYPES_TOPIC}-key": [1], f"{TYPES_TOPIC}-value": [2]}) as reg:
+        cfg = write_config(tmp_path, reg.url)
+        job = IngestJob(cfg, progress=messages.append)
+        job.setup(spark)
+        job.foreach_batch(frame(spark, records, TYPES_TOPIC), 0)
+        assert any("name a schema not read yet; decoding the batch again" in m for m in messages)
+        asked = list(reg.requests)
+        job.foreach_batch(frame(spark, records, TYPES_TOPIC), 1)  # redelivered: every id known now, one pass
+        assert reg.requests == asked and sum("decoding the batch again" in m for m in messages) == 1
+    changes = sum(1 for r in data["records"] if r["topic"] == TYPES_TOPIC and r["value"])
+    assert query(cfg, "select count(*) as n from raw_change_events")[0]["n"] == changes
+    assert query(cfg, "select count(*) as n from dead_letter")[0]["n"] == 0
+    metrics = query(cfg, "select dead_letters, change_events from pipeline_metrics order by batch_id")
+    assert [m["dead_letters"] for m in metrics] == [0, 0] and metrics[0]["change_events"] == changes

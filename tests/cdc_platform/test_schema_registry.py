@@ -67,3 +67,29 @@ def test_a_url_that_is_no_registry_says_so() -> None:
         reg.schemas[2] = {"not": "a schema"}
         with pytest.raises(SchemaRegistryError, match="not a schema"):
             SchemaRegistry(reg.url).schemas([2])
+
+
+def test_a_subjects_versions_are_read_once_each_and_their_ids_kept() -> None:
+    """The Avro decode reads its topics' subjects before the first batch; a later call reads only new versions.
+    Each version's id is read by `/schemas/ids/<id>`, the path a record's id is read by, and kept."""
+    other = '{"type":"record","name":"K","fields":[{"name":"id","type":"int"},{"name":"x","type":["null","int"],"default":null}]}'
+    with stub_registry({4: AVRO, 9: other}, subjects={"pg.public.t-value": [4]}) as reg:
+        client = SchemaRegistry(reg.url)
+        assert [(s.schema_id, s.text) for s in client.subject_schemas("pg.public.t-value")] == [(4, AVRO)]
+        reg.subjects["pg.public.t-value"].append(9)  # a column added: version 2
+        assert [s.schema_id for s in client.subject_schemas("pg.public.t-value")] == [4, 9]
+        assert client.subject_schemas("pg.public.t-key") == []  # no such subject
+        assert client.schemas([4, 9])[9] is not None
+        assert reg.requests == ["/subjects/pg.public.t-value/versions", "/subjects/pg.public.t-value/versions/1", "/schemas/ids/4",
+                                "/subjects/pg.public.t-value/versions", "/subjects/pg.public.t-value/versions/2", "/schemas/ids/9",
+                                "/subjects/pg.public.t-key/versions"]
+
+
+def test_a_subject_the_registry_cannot_answer_stops_the_run() -> None:
+    with stub_registry({4: AVRO}, subjects={"t-value": [4]}) as reg:
+        reg.fail_next = [503] * 2
+        with pytest.raises(SchemaRegistryUnavailable, match="did not answer for subject t-value after 2 attempts.*replays"):
+            SchemaRegistry(reg.url, attempts=2, sleep=lambda _s: None).subject_schemas("t-value")
+        reg.fail_next = [403]
+        with pytest.raises(SchemaRegistryError, match="HTTP 403.*schema_registry_user"):
+            SchemaRegistry(reg.url).subject_schemas("t-value")
