@@ -73,19 +73,32 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
         return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
     rows = [*columns, *STATE_META, "_seq"]
     ctes: list[str] = []
-    source = q(stored)
+    source = marks = q(stored)
+    # A key's rows in the order they arrived: stored rows by `_seq`, the tail's after them by `_tail_order` (`views.tail`).
+    arrived, first = "`_seq` ASC", "min(`_seq`)"
+    # One shuffle by the key serves both windows (the first alone would partition by all three columns)...
+    spread = f" DISTRIBUTE BY {_cols(key)}"
     if tail is not None:
         pending = truncates = True
+        holes = TV.placeholder_columns({c: (types or {}).get(c, "string") for c in columns}, key)
         ctes.append(f"`__rows` AS (\n{_with_tail(stored, columns, key, tail, types or {})}\n)")
         source = "`__rows`"
+        # The truncate markers come from a union of their own, not from `__rows`: Spark keeps a CTE read twice
+        # (InlineCTE) and pushes no filter into it, so a lookup by key would fold every key (3-5 s on the demo's
+        # lake against 0.3 s for the stored table); read once each, the key's filter reaches the stored table's files.
+        marks = f"(SELECT {_cols(rows)} FROM {q(stored)} UNION ALL SELECT {_cols(rows)} FROM (\n{tail}\n))"
+        rows = [*rows, TV.TAIL_ORDER]
+        arrived = f"`_seq` ASC, {q(TV.TAIL_ORDER)} ASC"
+        first = f"min(named_struct('s', `_seq`, 'o', {q(TV.TAIL_ORDER)}))"
+        if holes:  # ...unless `__rows`' own window (the placeholders' earlier values) has shuffled by the key already
+            spread = ""
     if pending:
-        # One shuffle by the key serves both windows (the first alone would partition by all three columns).
         ctes.append(f"""`__folded` AS (
   SELECT {_cols(rows)} FROM (
-    SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `__first` DESC, `_seq` ASC) AS `__rank`
+    SELECT {_cols(rows)}, row_number() OVER (PARTITION BY {_cols(key)} ORDER BY `_position` DESC, `__first` DESC, {arrived}) AS `__rank`
     FROM (
-      SELECT {_cols(rows)}, min(`_seq`) OVER (PARTITION BY {_cols(key)}, `_position`, `_event_id`) AS `__first`
-      FROM (SELECT {_cols(rows)} FROM {source} WHERE {_keys_present(key)} DISTRIBUTE BY {_cols(key)})
+      SELECT {_cols(rows)}, {first} OVER (PARTITION BY {_cols(key)}, `_position`, `_event_id`) AS `__first`
+      FROM (SELECT {_cols(rows)} FROM {source} WHERE {_keys_present(key)}{spread})
     )
   ) WHERE `__rank` = 1
 )""")
@@ -102,7 +115,7 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
     out += [f"CASE WHEN {cut} THEN t.{q(c)} ELSE f.{q(c)} END AS {q(c)}" for c in _MARKER_META]
     marker = ", ".join(["max(`_position`) AS `_position`", *(f"max_by({q(c)}, `_position`) AS {q(c)}" for c in _MARKER_META)])
     ctes.append(f"""`__truncate` AS (
-  SELECT {marker} FROM {source} WHERE `_op` = 't' AND {_keys_present(key, present=False)}
+  SELECT {marker} FROM {marks} WHERE `_op` = 't' AND {_keys_present(key, present=False)}
 )""")
     return f"""
 WITH {', '.join(ctes)}
@@ -114,18 +127,20 @@ FROM `__folded` f CROSS JOIN `__truncate` t
 def _with_tail(stored: str, columns: Sequence[str], key: Sequence[str], tail: str, types: Mapping[str, str]) -> str:
     """The stored rows and the tail's, one shape; placeholder columns of tail rows filled from the key's earlier rows."""
     rows = [*columns, *STATE_META, "_seq"]
+    order = q(TV.TAIL_ORDER)
+    stored_order = f"CAST(NULL AS {TV.TAIL_ORDER_TYPE}) AS {order}"
     holes = [n for n in TV.placeholder_columns({c: types.get(c, "string") for c in columns}, key)]
     if not holes:
-        return f"SELECT {_cols(rows)} FROM {q(stored)}\nUNION ALL\nSELECT {_cols(rows)} FROM (\n    {tail}\n)"
+        return f"SELECT {_cols(rows)}, {stored_order} FROM {q(stored)}\nUNION ALL\nSELECT {_cols(rows)}, {order} FROM (\n    {tail}\n)"
     known = [TV.known_column(i) for i in range(len(holes))]
     stored_known = [f"CASE WHEN `_deleted` THEN named_struct('v', CAST(NULL AS {types[n]})) ELSE named_struct('v', {q(n)}) END AS {k}"
                     for n, k in zip(holes, known)]
-    union = (f"SELECT {_cols(rows)}, {', '.join(stored_known)} FROM {q(stored)}\n"
-             f"  UNION ALL\n  SELECT {_cols(rows)}, {', '.join(known)} FROM (\n    {tail}\n  )")
+    union = (f"SELECT {_cols(rows)}, {stored_order}, {', '.join(stored_known)} FROM {q(stored)}\n"
+             f"  UNION ALL\n  SELECT {_cols(rows)}, {order}, {', '.join(known)} FROM (\n    {tail}\n  )")
     filled = {n: f"(last_value({k}, true) OVER `__earlier`).v AS {q(n)}" for n, k in zip(holes, known)}
-    select = [filled.get(c, q(c)) for c in columns] + [q(m) for m in (*STATE_META, "_seq")]
+    select = [filled.get(c, q(c)) for c in columns] + [q(m) for m in (*STATE_META, "_seq", TV.TAIL_ORDER)]
     return (f"SELECT {', '.join(select)} FROM (\n  {union}\n)\n"
-            f"WINDOW `__earlier` AS (PARTITION BY {_cols(key)} ORDER BY `_position`, `_seq` ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
+            f"WINDOW `__earlier` AS (PARTITION BY {_cols(key)} ORDER BY `_position`, `_seq`, {order} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
 
 
 def full_view_sql(state: str, columns: Sequence[str]) -> str:

@@ -10,8 +10,11 @@ delta layers) plus the events of its source table that landed after the fold's m
 The rows here are shaped as the stored rows (source columns, `STATE_META`, `_seq`), one per event:
 an insert, update or snapshot read is the row its `after` image gives; a delete a tombstone of its key; an
 update that moved its row to another key also a tombstone of the old key (as `rows.change_rows` makes
-it); a truncate a marker (key columns null). `_seq` ranks a key's tail events by arrival (ingest batch,
-then place in it) above every stored row, so the view's fold orders them as the stage would. For each
+it); a truncate a marker (key columns null). `_seq` puts every tail row above every stored row, and
+`_tail_order` ranks tail rows by arrival (ingest batch, then transaction order, then place in the batch),
+so the view's fold orders them as the stage would. A struct the fold's windows order by, not a number of
+a window of its own: that window shuffled the raw log's tail by key once more, and a lookup by key paid
+for its stages even with nothing in the tail. For each
 column Debezium's unavailable-value placeholder can stand in, the row also carries `known_column(i)`: the
 value as a struct, or NULL where the event left it out (TOAST); the view takes the key's newest earlier
 known value there, as the stage does (`unavailable`).
@@ -32,10 +35,14 @@ from cdc_platform.lake.lake_spark import sql_string
 from cdc_platform.stages.unavailable import placeholder_forms
 from cdc_platform.views import connect_sql as CS
 
-#: `_seq` of tail rows starts here: above any stored row's (a Delta version of the latest-state table).
+#: `_seq` of tail rows: above any stored row's (a Delta version of the latest-state table).
 TAIL_SEQ_BASE = 1 << 62
 #: The metadata columns of stored rows, in order (the view's `STATE_META` and `_seq`).
 META = ("_op", "_deleted", "_position", "_source_ts", "_transaction_id", "_ingested_at", "_event_id", "_seq")
+#: Tail rows' arrival order, after `_seq` (NULL for stored rows): the raw log's ingest batch, the event's order
+#: in its transaction, its place in the batch, its id (the stage's order of a key's events in one batch).
+TAIL_ORDER = "_tail_order"
+TAIL_ORDER_TYPE = "STRUCT<ingested_at: TIMESTAMP, tx: BIGINT, arrival: BIGINT, event_id: STRING>"
 _NULL_DECL = "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
 
 
@@ -73,11 +80,9 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
     after = f"r.ingested_at > {timestamp_literal(applied_through)}" if applied_through is not None else "true"
     dead = (f"\n      AND r.event_id NOT IN (SELECT event_id FROM {dead_letter} WHERE stage = {sql_string(stage)} AND event_id IS NOT NULL)"
             if dead_letter else "")
-    order = "r.ingested_at, r.tx_total_order, r.arrival, r.event_id"
     base = f"""SELECT *{decls} FROM (
       SELECT r.*, from_json(CASE WHEN r.op = 'd' THEN r.key ELSE r.after END, {struct}) AS _row,
-             from_json(r.before, {struct}) AS _before{fields},
-             {TAIL_SEQ_BASE} + row_number() OVER (PARTITION BY r.key ORDER BY {order}) AS `__tail_seq`
+             from_json(r.before, {struct}) AS _before{fields}
       FROM {raw} r
       WHERE r.table_id = {sql_string(table.source)} AND {after} AND (r.key IS NOT NULL OR r.op = 't') AND r.op <> 'm'{dead}
     )"""
@@ -90,7 +95,9 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
 
     holes = placeholder_columns(columns, key)
     meta = ("b.op AS `_op`, {deleted} AS `_deleted`, b.position AS `_position`, b.source_ts AS `_source_ts`, "
-            "b.transaction_id AS `_transaction_id`, b.ingested_at AS `_ingested_at`, b.event_id AS `_event_id`, b.`__tail_seq` AS `_seq`")
+            "b.transaction_id AS `_transaction_id`, b.ingested_at AS `_ingested_at`, b.event_id AS `_event_id`, "
+            f"CAST({TAIL_SEQ_BASE} AS BIGINT) AS `_seq`, named_struct('ingested_at', b.ingested_at, 'tx', b.tx_total_order, "
+            f"'arrival', b.arrival, 'event_id', b.event_id) AS {q(TAIL_ORDER)}")
 
     def known(name: str) -> str:
         kind = columns[name]
