@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import OUT, REPO, banner, fresh_dir, load_average, say
+from _common import OUT, REPO, banner, exit_now, fresh_dir, load_average, say
 
 from cdc_platform.serve import sql_client
 from cdc_platform.workload.generate import generate_workload
@@ -94,4 +94,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())  # the Spark Connect client's threads keep the interpreter from exiting once the server is gone
