@@ -120,11 +120,11 @@ class AvroLines:
         from pyspark.sql import functions as F
 
         self.release()
-        if not self._listed:
-            self._listed = True
+        if not self._listed:  # once read whole (a registry away raises here, and the replayed batch reads them again)
             for subject in self.subjects:
                 for schema in self.registry.subject_schemas(subject):
                     self._decoder(schema)
+            self._listed = True
         if not learn and self._decoders:
             known = dict(sorted(self._decoders.items())[-self.KNOWN_LIMIT:])
             return lines(records, known, self.registry.url, unknown=LINES_INCOMPLETE)
