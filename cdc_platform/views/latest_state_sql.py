@@ -81,7 +81,7 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
     if tail is not None:
         pending = truncates = True
         holes = TV.placeholder_columns({c: (types or {}).get(c, "string") for c in columns}, key)
-        ctes.append(f"`__rows` AS (\n{_with_tail(stored, columns, key, tail, types or {})}\n)")
+        ctes.append(f"`__rows` AS (\n{_with_tail(stored, columns, key, tail, types or {}, holes)}\n)")
         source = "`__rows`"
         # The truncate markers come from a union of their own, not from `__rows`: Spark keeps a CTE read twice
         # (InlineCTE) and pushes no filter into it, so a lookup by key would fold every key (3-5 s on the demo's
@@ -124,12 +124,11 @@ FROM `__folded` f CROSS JOIN `__truncate` t
 """
 
 
-def _with_tail(stored: str, columns: Sequence[str], key: Sequence[str], tail: str, types: Mapping[str, str]) -> str:
-    """The stored rows and the tail's, one shape; placeholder columns of tail rows filled from the key's earlier rows."""
+def _with_tail(stored: str, columns: Sequence[str], key: Sequence[str], tail: str, types: Mapping[str, str], holes: Sequence[str]) -> str:
+    """The stored rows and the tail's, one shape; placeholder columns of tail rows (`holes`) filled from the key's earlier rows."""
     rows = [*columns, *STATE_META, "_seq"]
     order = q(TV.TAIL_ORDER)
     stored_order = f"CAST(NULL AS {TV.TAIL_ORDER_TYPE}) AS {order}"
-    holes = [n for n in TV.placeholder_columns({c: types.get(c, "string") for c in columns}, key)]
     if not holes:
         return f"SELECT {_cols(rows)}, {stored_order} FROM {q(stored)}\nUNION ALL\nSELECT {_cols(rows)}, {order} FROM (\n    {tail}\n)"
     known = [TV.known_column(i) for i in range(len(holes))]
