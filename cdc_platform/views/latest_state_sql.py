@@ -44,7 +44,7 @@ def _keys_present(key: Sequence[str], alias: str | None = None, *, present: bool
 
 
 def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *, pending: bool = True, truncates: bool = True,
-                     tail: str | None = None, types: Mapping[str, str] | None = None) -> str:
+                     tail: TV.TailSql | None = None, types: Mapping[str, str] | None = None) -> str:
     """The current state with tombstones: base and delta layers (and the raw log's tail) folded by the highest
     `_position` per key.
 
@@ -54,7 +54,7 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
     every delta row, so a base row is never a later arrival). A truncate marker (key columns null, `_op`
     t) turns every row below its position into a tombstone.
 
-    `tail` (SQL of `views.tail.tail_sql`, with `types`, each column's Spark type) adds the raw log's events
+    `tail` (`views.tail.tail_sql`, with `types`, each column's Spark type) adds the raw log's events
     the fold has not taken yet, as rows of the same shape: they take part in the same window, after every
     stored row of their key, and a column an event left out (Debezium's placeholder) takes the key's newest
     earlier value from a second window over the same partitions.
@@ -73,7 +73,8 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
         return f"SELECT {_cols([*columns, *STATE_META])} FROM {q(stored)} WHERE false"
     rows = [*columns, *STATE_META, "_seq"]
     ctes: list[str] = []
-    source = marks = q(stored)
+    source = q(stored)
+    marks = f"{q(stored)} WHERE `_op` = 't' AND {_keys_present(key, present=False)}"
     # A key's rows in the order they arrived: stored rows by `_seq`, the tail's after them by `_tail_order` (`views.tail`).
     arrived, first = "`_seq` ASC", "min(`_seq`)"
     # One shuffle by the key serves both windows (the first alone would partition by all three columns)...
@@ -81,12 +82,14 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
     if tail is not None:
         pending = truncates = True
         holes = TV.placeholder_columns({c: (types or {}).get(c, "string") for c in columns}, key)
-        ctes.append(f"`__rows` AS (\n{_with_tail(stored, columns, key, tail, types or {}, holes)}\n)")
+        ctes.append(f"`__rows` AS (\n{_with_tail(stored, columns, key, tail.rows, types or {}, holes)}\n)")
         source = "`__rows`"
         # The truncate markers come from a union of their own, not from `__rows`: Spark keeps a CTE read twice
         # (InlineCTE) and pushes no filter into it, so a lookup by key would fold every key (3-5 s on the demo's
         # lake against 0.3 s for the stored table); read once each, the key's filter reaches the stored table's files.
-        marks = f"(SELECT {_cols(rows)} FROM {q(stored)} UNION ALL SELECT {_cols(rows)} FROM (\n{tail}\n))"
+        # The tail's side is its markers alone (`TailSql.markers`), not a second copy of its typed rows.
+        meta = _cols(["_position", *_MARKER_META])
+        marks = f"(SELECT {meta} FROM {marks} UNION ALL SELECT {meta} FROM (\n{tail.markers}\n))"
         rows = [*rows, TV.TAIL_ORDER]
         arrived = f"`_seq` ASC, {q(TV.TAIL_ORDER)} ASC"
         first = f"min(named_struct('s', `_seq`, 'o', {q(TV.TAIL_ORDER)}))"
@@ -115,7 +118,7 @@ def latest_state_sql(stored: str, columns: Sequence[str], key: Sequence[str], *,
     out += [f"CASE WHEN {cut} THEN t.{q(c)} ELSE f.{q(c)} END AS {q(c)}" for c in _MARKER_META]
     marker = ", ".join(["max(`_position`) AS `_position`", *(f"max_by({q(c)}, `_position`) AS {q(c)}" for c in _MARKER_META)])
     ctes.append(f"""`__truncate` AS (
-  SELECT {marker} FROM {marks} WHERE `_op` = 't' AND {_keys_present(key, present=False)}
+  SELECT {marker} FROM {marks}
 )""")
     return f"""
 WITH {', '.join(ctes)}
@@ -235,7 +238,7 @@ CLEAN_SUFFIX = "__clean_view"
 
 def latest_state_views(
     table: TableConfig, columns: Mapping[str, bool], stored: str, salt: bytes | None, *, pending: bool = True, truncates: bool = True,
-    tail: str | None = None, types: Mapping[str, str] | None = None,
+    tail: TV.TailSql | None = None, types: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """(view name, SQL) for `<name>`, `<name>__full_view` and `<name>__clean_view`, in dependency order.
 

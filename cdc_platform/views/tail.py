@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from cdc_platform.config import TableConfig
 from cdc_platform.lake import quote_identifier as q
@@ -62,13 +63,27 @@ def timestamp_literal(at: dt.datetime) -> str:
     return f"TIMESTAMP '{utc.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00'"
 
 
+class TailSql(NamedTuple):
+    """A table's raw-log tail as two queries: `rows` shaped as stored rows, and `markers`, its truncate markers alone
+    (`_position` and the columns a marker gives the rows it tombstones), so the view's search for markers reads
+    neither the typed values nor a copy of `rows` (a CTE read twice is kept whole and takes no filter)."""
+
+    rows: str
+    markers: str
+
+
 def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_through: dt.datetime | None,
-             dead_letter: str | None = None, stage: str = "latest_state") -> str:
+             dead_letter: str | None = None, stage: str = "latest_state") -> TailSql:
     """SQL of `table`'s raw-log events after `applied_through` (all of them when None) as stored rows.
 
     `columns` maps each source column of the stored table to its Spark type; `raw` is the raw log's
     (quoted) name; `dead_letter`, when given, is the dead-letter table's, whose events of `stage` are
     left out (a stale mark may bring back events the fold already set aside).
+
+    Each value is typed once per row image, in a projection of its own that the rest refer to by name, and
+    a moved key's tombstone comes out of the same scan as its change (a generator): the typed conversions
+    are long SQL (`connect_sql`), and Spark analyses and optimises every copy of them on each query, so
+    copies cost a lookup seconds of planning before any task runs.
     """
     key = list(table.key)
     struct = sql_string(CS.row_struct(columns))
@@ -80,53 +95,63 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
     after = f"r.ingested_at > {timestamp_literal(applied_through)}" if applied_through is not None else "true"
     dead = (f"\n      AND r.event_id NOT IN (SELECT event_id FROM {dead_letter} WHERE stage = {sql_string(stage)} AND event_id IS NOT NULL)"
             if dead_letter else "")
+    mine = f"r.table_id = {sql_string(table.source)} AND {after}"
+    markers = (f"SELECT r.position AS `_position`, r.source_ts AS `_source_ts`, r.transaction_id AS `_transaction_id`, "
+               f"r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`\n    FROM {raw} r WHERE {mine} AND r.op = 't'{dead}")
     base = f"""SELECT *{decls} FROM (
       SELECT r.*, from_json(CASE WHEN r.op = 'd' THEN r.key ELSE r.after END, {struct}) AS _row,
              from_json(r.before, {struct}) AS _before{fields}
       FROM {raw} r
-      WHERE r.table_id = {sql_string(table.source)} AND {after} AND (r.key IS NOT NULL OR r.op = 't') AND r.op <> 'm'{dead}
+      WHERE {mine} AND (r.key IS NOT NULL OR r.op = 't') AND r.op <> 'm'{dead}
     )"""
+    holes = placeholder_columns(columns, key)
+    names = {name: i for i, name in enumerate(columns)}
 
     def decl(name: str) -> str:
-        return f"b.{declared[name]}" if name in declared else _NULL_DECL
+        return f"{declared[name]}" if name in declared else _NULL_DECL
 
-    def typed(name: str, image: str = "_row", text: str = "b.after") -> str:
-        return CS.value_sql(columns[name], f"b.{image}.{q(name)}", decl(name), text, name)
+    def now(name: str) -> str:  # the value the event's image gives, typed (`_row`: its `after`, or a delete's key)
+        return f"`__a{names[name]}`"
 
-    holes = placeholder_columns(columns, key)
-    meta = ("b.op AS `_op`, {deleted} AS `_deleted`, b.position AS `_position`, b.source_ts AS `_source_ts`, "
-            "b.transaction_id AS `_transaction_id`, b.ingested_at AS `_ingested_at`, b.event_id AS `_event_id`, "
-            f"CAST({TAIL_SEQ_BASE} AS BIGINT) AS `_seq`, named_struct('ingested_at', b.ingested_at, 'tx', b.tx_total_order, "
-            f"'arrival', b.arrival, 'event_id', b.event_id) AS {q(TAIL_ORDER)}")
+    def old(name: str) -> str:  # the value its `before` image gives, typed
+        return f"`__b{names[name]}`"
+
+    typed = [f"{CS.value_sql(kind, f'_row.{q(name)}', decl(name), 'after', name)} AS {now(name)}" for name, kind in columns.items()]
+    typed += [f"{CS.value_sql(columns[name], f'_before.{q(name)}', decl(name), 'before', name)} AS {old(name)}"
+              for name in columns if name in key or name in holes]
 
     def known(name: str) -> str:
         kind = columns[name]
-        text, old_text = CS.raw_text(kind, f"b._row.{q(name)}"), CS.raw_text(kind, f"b._before.{q(name)}")
-        return (f"CASE WHEN b.op = 'd' THEN named_struct('v', CAST(NULL AS {kind})) "
-                f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', {typed(name)}) "
-                f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {typed(name, '_before', 'b.before')}) END")
+        text, old_text = CS.raw_text(kind, f"_row.{q(name)}"), CS.raw_text(kind, f"_before.{q(name)}")
+        return (f"CASE WHEN op = 'd' THEN named_struct('v', CAST(NULL AS {kind})) "
+                f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', {now(name)}) "
+                f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {old(name)}) END "
+                f"AS `__k{names[name]}`")
 
-    # The change itself (an upsert, a delete's tombstone, or a truncate's marker).
+    level = [*(known(n) for n in holes)]
+    # An update whose `before` holds another key moved its row: the old key gets a tombstone at the same position
+    # (`__gone`), as `rows.change_rows` makes it; every other event is its one row.
+    if key:
+        before_key = " AND ".join(f"{old(k)} IS NOT NULL" for k in key)
+        moved = " OR ".join(f"NOT ({old(k)} <=> {now(k)})" for k in key)
+        level.append(f"explode(IF(op = 'u' AND _before IS NOT NULL AND {before_key} AND ({moved}), array(false, true), array(false))) AS `__gone`")
+    else:
+        level.append("false AS `__gone`")
+    gone, cleared = "b.`__gone`", "b.`__gone` OR b.op IN ('d', 't')"
     values = []
     for name, kind in columns.items():
         if name in key:
-            values.append(f"CASE WHEN b.op = 't' THEN CAST(NULL AS {kind}) ELSE {typed(name)} END AS {q(name)}")
+            values.append(f"CASE WHEN {gone} THEN b.{old(name)} WHEN b.op = 't' THEN CAST(NULL AS {kind}) ELSE b.{now(name)} END AS {q(name)}")
         elif name in holes:
-            values.append(f"CASE WHEN b.op IN ('d', 't') THEN CAST(NULL AS {kind}) ELSE {known(name)}.v END AS {q(name)}")
+            values.append(f"CASE WHEN {cleared} THEN CAST(NULL AS {kind}) ELSE b.`__k{names[name]}`.v END AS {q(name)}")
         else:
-            values.append(f"CASE WHEN b.op IN ('d', 't') THEN CAST(NULL AS {kind}) ELSE {typed(name)} END AS {q(name)}")
-    knowns = [f"CASE WHEN b.op = 't' THEN CAST(NULL AS STRUCT<v: {columns[n]}>) ELSE {known(n)} END AS {known_column(i)}"
-              for i, n in enumerate(holes)]
-    change_meta = meta.format(deleted="b.op IN ('d', 't')")
-    change = f"SELECT {', '.join([*values, change_meta, *knowns])}\n    FROM ({base}) b"
-    if not key:
-        return change
-    # An update whose `before` holds another key moved its row: the old key gets a tombstone at the same position.
-    old_keys = [f"{typed(k, '_before', 'b.before')} AS {q(k)}" if k in key else f"CAST(NULL AS {kind}) AS {q(k)}"
-                for k, kind in columns.items()]
-    gone = [f"named_struct('v', CAST(NULL AS {columns[n]})) AS {known_column(i)}" for i, n in enumerate(holes)]
-    before_key = " AND ".join(f"{typed(k, '_before', 'b.before')} IS NOT NULL" for k in key)
-    moved = " OR ".join(f"NOT ({typed(k, '_before', 'b.before')} <=> {typed(k)})" for k in key)
-    tombstones = (f"SELECT {', '.join([*old_keys, meta.format(deleted='true'), *gone])}\n    FROM ({base}) b\n"
-                  f"    WHERE b.op = 'u' AND b._before IS NOT NULL AND {before_key} AND ({moved})")
-    return f"{change}\n    UNION ALL\n    {tombstones}"
+            values.append(f"CASE WHEN {cleared} THEN CAST(NULL AS {kind}) ELSE b.{now(name)} END AS {q(name)}")
+    meta = (f"b.op AS `_op`, {cleared} AS `_deleted`, b.position AS `_position`, b.source_ts AS `_source_ts`, "
+            "b.transaction_id AS `_transaction_id`, b.ingested_at AS `_ingested_at`, b.event_id AS `_event_id`, "
+            f"CAST({TAIL_SEQ_BASE} AS BIGINT) AS `_seq`, named_struct('ingested_at', b.ingested_at, 'tx', b.tx_total_order, "
+            f"'arrival', b.arrival, 'event_id', b.event_id) AS {q(TAIL_ORDER)}")
+    knowns = [f"CASE WHEN {gone} THEN named_struct('v', CAST(NULL AS {columns[n]})) WHEN b.op = 't' THEN CAST(NULL AS STRUCT<v: {columns[n]}>) "
+              f"ELSE b.`__k{names[n]}` END AS {known_column(i)}" for i, n in enumerate(holes)]
+    rows = (f"SELECT {', '.join([*values, meta, *knowns])}\n    FROM (\n    SELECT *, {', '.join(level)} FROM (\n"
+            f"    SELECT *, {', '.join(typed)} FROM ({base})\n    )) b")
+    return TailSql(rows, markers)
