@@ -154,7 +154,12 @@ def _unscaled(base64: str) -> str:
 
 
 def _plain(unscaled: str, scale: str) -> str:
-    """Python's `format(Decimal(unscaled).scaleb(-scale), 'f')`: the number written out, `scale` digits after the point."""
+    """Python's `format(Decimal(unscaled).scaleb(-scale), 'f')`: the number written out, `scale` digits after the point.
+
+    The scale is bound once (`__sc`) unless it is a name already: it is used eight times, and every copy of
+    an expression is analysed and optimised again on each query of a view."""
+    if not scale.startswith("__"):
+        return _let(scale, _plain(unscaled, "__sc"), name="__sc")
     digits = "regexp_replace(__v, '^-', '')"
     padded = f"lpad({digits}, greatest(length({digits}), {scale} + 1), '0')"
     body = (f"CASE WHEN {scale} > 0 THEN concat(IF(left(__v, 1) = '-', '-', ''), substr({padded}, 1, length({padded}) - {scale}), '.', "
@@ -167,13 +172,14 @@ def _text(value: str, decl: str, image: str, column: str) -> str:
     """A text column: the string or JSON text as extracted, except the two decimals `connect_types`
     keeps as exact text: a VariableScaleDecimal `{scale, value}`, and a Decimal wider than 38 digits,
     whose JSON form (base64 string or number) is read again from the image as a VARIANT."""
+    # The image read again as a VARIANT, bound once (`__j`) in each branch that needs it.
     variant = f"from_json({image}, {sql_string(f'STRUCT<{q(column)}: VARIANT>')}).{q(column)}"
-    vsd = _plain(_unscaled(f"try_variant_get({variant}, '$.value', 'string')"), f"try_variant_get({variant}, '$.scale', 'int')")
+    vsd = _plain(_unscaled("try_variant_get(__j, '$.value', 'string')"), "try_variant_get(__j, '$.scale', 'int')")
     scale = _scale(decl)
-    wide = (f"CASE WHEN schema_of_variant({variant}) = 'STRING' THEN {_plain(_unscaled(_string(variant)), scale)} "
-            f"ELSE {_quantized(variant, f'greatest({scale}, 0)')} END")
-    return (f"CASE WHEN {value} IS NULL THEN NULL WHEN {_named(decl, _VARIABLE_SCALE_DECIMAL, 'struct')} THEN {vsd} "
-            f"WHEN {_named(decl, _DECIMAL, 'bytes')} THEN {wide} ELSE {value} END")
+    wide = (f"CASE WHEN schema_of_variant(__j) = 'STRING' THEN {_plain(_unscaled(_string('__j')), scale)} "
+            f"ELSE {_quantized('__j', f'greatest({scale}, 0)')} END")
+    return (f"CASE WHEN {value} IS NULL THEN NULL WHEN {_named(decl, _VARIABLE_SCALE_DECIMAL, 'struct')} THEN {_let(variant, vsd, name='__j')} "
+            f"WHEN {_named(decl, _DECIMAL, 'bytes')} THEN {_let(variant, wide, name='__j')} ELSE {value} END")
 
 
 def _quantized(variant: str, scale: str) -> str:

@@ -110,15 +110,20 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
     def decl(name: str) -> str:
         return f"{declared[name]}" if name in declared else _NULL_DECL
 
+    # A column whose `before` image counts too (a key, a placeholder column) is typed by one expression over both
+    # images (`__p<i>`, an array of the two), not two copies of it.
+    both = [name for name in columns if name in key or name in holes]
+
     def now(name: str) -> str:  # the value the event's image gives, typed (`_row`: its `after`, or a delete's key)
-        return f"`__a{names[name]}`"
+        return f"`__p{names[name]}`[0]" if name in both else f"`__a{names[name]}`"
 
     def old(name: str) -> str:  # the value its `before` image gives, typed
-        return f"`__b{names[name]}`"
+        return f"`__p{names[name]}`[1]"
 
-    typed = [f"{CS.value_sql(kind, f'_row.{q(name)}', decl(name), 'after', name)} AS {now(name)}" for name, kind in columns.items()]
-    typed += [f"{CS.value_sql(columns[name], f'_before.{q(name)}', decl(name), 'before', name)} AS {old(name)}"
-              for name in columns if name in key or name in holes]
+    typed = [f"{CS.value_sql(kind, f'_row.{q(name)}', decl(name), 'after', name)} AS {now(name)}"
+             for name, kind in columns.items() if name not in both]
+    pairs = [f"transform(array(named_struct('v', _row.{q(name)}, 'i', after), named_struct('v', _before.{q(name)}, 'i', before)), "
+             f"__img -> {CS.value_sql(columns[name], '__img.v', decl(name), '__img.i', name)}) AS `__p{names[name]}`" for name in both]
 
     def known(name: str) -> str:
         kind = columns[name]
@@ -152,6 +157,8 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
             f"'arrival', b.arrival, 'event_id', b.event_id) AS {q(TAIL_ORDER)}")
     knowns = [f"CASE WHEN {gone} THEN named_struct('v', CAST(NULL AS {columns[n]})) WHEN b.op = 't' THEN CAST(NULL AS STRUCT<v: {columns[n]}>) "
               f"ELSE b.`__k{names[n]}` END AS {known_column(i)}" for i, n in enumerate(holes)]
-    rows = (f"SELECT {', '.join([*values, meta, *knowns])}\n    FROM (\n    SELECT *, {', '.join(level)} FROM (\n"
-            f"    SELECT *, {', '.join(typed)} FROM ({base})\n    )) b")
+    first = ", ".join([*typed, *pairs])
+    second = ", ".join(level)
+    rows = (f"SELECT {', '.join([*values, meta, *knowns])}\n    FROM (\n    SELECT *, {second} FROM (\n"
+            f"    SELECT *, {first} FROM ({base})\n    )) b")
     return TailSql(rows, markers)
