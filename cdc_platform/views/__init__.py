@@ -338,18 +338,21 @@ def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: by
     decls = "".join(f", {CS.declaration('`__fields`', name)} AS {alias}" for name, alias in declared.items())
     fields = f", from_json(row_schema, {sql_string(CS.ROW_SCHEMA)}).fields AS `__fields`" if declared else ""
     values = []
-    for name, kind in columns.items():
-        decl = f"r.{declared[name]}" if name in declared else "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
+    pairs = []  # a placeholder column's two row images, typed by one expression over the pair (as `views.tail` does)
+    for i, (name, kind) in enumerate(columns.items()):
+        decl = declared[name] if name in declared else "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
         col, old = f"r._row.{q(name)}", f"r._before.{q(name)}"
-        typed = CS.value_sql(kind, col, decl, "r.after", name)
         if name in table.key or not CS.placeholder_possible(kind):
-            values.append(f"{typed} AS {q(name)}")
+            values.append(f"{CS.value_sql(kind, col, f'r.{decl}' if name in declared else decl, 'r.after', name)} AS {q(name)}")
             continue
+        pairs.append(f"transform(array(named_struct('v', _row.{q(name)}, 'i', after), named_struct('v', _before.{q(name)}, 'i', before)), "
+                     f"__img -> {CS.value_sql(kind, '__img.v', decl, '__img.i', name)}) AS `__p{i}`")
         text, old_text = CS.raw_text(kind, col), CS.raw_text(kind, old)
         known = (f"CASE WHEN r._row IS NULL THEN named_struct('v', CAST(NULL AS {kind})) "
-                 f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', {typed}) "
-                 f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {CS.value_sql(kind, old, decl, 'r.before', name)}) END")
+                 f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', r.`__p{i}`[0]) "
+                 f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', r.`__p{i}`[1]) END")
         values.append(f"last_value({known}, true) OVER ({earlier}).v AS {q(name)}")
+    typed_pairs = f", {', '.join(pairs)}" if pairs else ""
     visible = ("JOIN {wm} w ON coalesce(r.source_name, '') = w.source\n"
                "    LEFT JOIN (SELECT transaction_id, max(last_position) AS last_position FROM {tx} GROUP BY transaction_id) t\n"
                "      ON r.transaction_id = t.transaction_id").format(wm=q(T.WATERMARK), tx=q(T.TRANSACTIONS))
@@ -366,9 +369,11 @@ SELECT {', '.join(outer)} FROM (
            r.ingested_at AS `_ingested_at`, r.event_id AS `_event_id`,
            row_number() OVER ({newest_first}) AS `__rank`
     FROM (
-      SELECT *{decls} FROM (
-        SELECT *, from_json(after, {struct}) AS _row, from_json(before, {struct}) AS _before{fields}
-        FROM {q(RAW)} WHERE table_id = {sql_string(table.source)}
+      SELECT *{typed_pairs} FROM (
+        SELECT *{decls} FROM (
+          SELECT *, from_json(after, {struct}) AS _row, from_json(before, {struct}) AS _before{fields}
+          FROM {q(RAW)} WHERE table_id = {sql_string(table.source)}
+        )
       )
     ) r
     {visible}{dead}

@@ -108,7 +108,7 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
     names = {name: i for i, name in enumerate(columns)}
 
     def decl(name: str) -> str:
-        return f"{declared[name]}" if name in declared else _NULL_DECL
+        return declared[name] if name in declared else _NULL_DECL
 
     # A column whose `before` image counts too (a key, a placeholder column) is typed by one expression over both
     # images (`__p<i>`, an array of the two), not two copies of it.
