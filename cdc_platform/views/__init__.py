@@ -42,7 +42,6 @@ from cdc_platform.config import TableConfig, mask_salt
 from cdc_platform.errors import LakeError
 from cdc_platform.stages.stage import DEAD_LETTER, MARKERS, RAW
 from cdc_platform.storage import LakePath
-from cdc_platform.stages.unavailable import placeholder_forms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -327,8 +326,6 @@ def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: by
         else:
             outer.append(q(name))
     outer += [q(m) for m in VIEW_META]
-    scalars, shaped = placeholder_forms()
-    forms = ", ".join(sql_string(f) for f in sorted(scalars | shaped))
     # Arrival order of a key's events, oldest first (Spark sorts nulls first ascending, last descending).
     order = ("r.position", "r.tx_total_order", "r.ingested_at", "r.kafka_offset", "r.event_id")
     earlier = f"PARTITION BY r.key ORDER BY {', '.join(order)} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
@@ -340,17 +337,12 @@ def consistent_view_sql(table: TableConfig, columns: Mapping[str, str], salt: by
     values = []
     pairs = []  # a placeholder column's two row images, typed by one expression over the pair (as `views.tail` does)
     for i, (name, kind) in enumerate(columns.items()):
-        decl = declared[name] if name in declared else "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
-        col, old = f"r._row.{q(name)}", f"r._before.{q(name)}"
         if name in table.key or not CS.placeholder_possible(kind):
-            values.append(f"{CS.value_sql(kind, col, f'r.{decl}' if name in declared else decl, 'r.after', name)} AS {q(name)}")
+            decl = f"r.{declared[name]}" if name in declared else CS.NULL_DECL
+            values.append(f"{CS.value_sql(kind, f'r._row.{q(name)}', decl, 'r.after', name)} AS {q(name)}")
             continue
-        pairs.append(f"transform(array(named_struct('v', _row.{q(name)}, 'i', after), named_struct('v', _before.{q(name)}, 'i', before)), "
-                     f"__img -> {CS.value_sql(kind, '__img.v', decl, '__img.i', name)}) AS `__p{i}`")
-        text, old_text = CS.raw_text(kind, col), CS.raw_text(kind, old)
-        known = (f"CASE WHEN r._row IS NULL THEN named_struct('v', CAST(NULL AS {kind})) "
-                 f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', r.`__p{i}`[0]) "
-                 f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', r.`__p{i}`[1]) END")
+        pairs.append(f"{CS.both_images_sql(kind, name, declared.get(name, CS.NULL_DECL))} AS `__p{i}`")
+        known = CS.known_sql(kind, f"r._row.{q(name)}", f"r._before.{q(name)}", f"r.`__p{i}`[0]", f"r.`__p{i}`[1]", "r._row IS NULL")
         values.append(f"last_value({known}, true) OVER ({earlier}).v AS {q(name)}")
     typed_pairs = f", {', '.join(pairs)}" if pairs else ""
     visible = ("JOIN {wm} w ON coalesce(r.source_name, '') = w.source\n"

@@ -22,14 +22,18 @@ value is NULL rather than a failed query.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 
 from cdc_platform.lake import quote_identifier as q
 from cdc_platform.lake.lake_spark import sql_string
 from cdc_platform.stages.latest_state.connect_types import _DECIMAL, _EPOCH_TIMESTAMPS, _VARIABLE_SCALE_DECIMAL, _ZONED_TIMESTAMP
+from cdc_platform.stages.unavailable import placeholder_forms
 
 #: The part of a Connect struct schema (`raw_change_events.row_schema`) the conversions read.
 ROW_SCHEMA = "STRUCT<fields: ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>"
+#: The declaration of a column whose conversion does not depend on one (`needs_declaration`).
+NULL_DECL = "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _US = dt.timedelta(microseconds=1)
@@ -82,6 +86,38 @@ def placeholder_possible(spark_type: str) -> bool:
 def raw_text(spark_type: str, value: str) -> str:
     """The value as text, for recognising the placeholder's forms before any conversion."""
     return value if extracted_type(spark_type) == "STRING" else f"try_variant_get({value}, '$', 'string')"
+
+
+def both_images_sql(spark_type: str, column: str, decl: str) -> str:
+    """`column` typed from both row images of an event, as an array (`[0]` its `after`, `[1]` its `before`).
+
+    Reads the relation's `_row` and `_before` (the images as `row_struct` extracted them) and `after` and
+    `before` (their JSON text). One expression over the pair, not `value_sql` twice: the conversions are long
+    SQL, and Spark analyses and optimises every copy of them on each query of a view.
+    """
+    return (f"transform(array(named_struct('v', _row.{q(column)}, 'i', after), named_struct('v', _before.{q(column)}, 'i', before)), "
+            f"__img -> {value_sql(spark_type, '__img.v', decl, '__img.i', column)})")
+
+
+@functools.cache
+def _placeholder_texts() -> str:
+    scalars, shaped = placeholder_forms()
+    return ", ".join(sql_string(f) for f in sorted(scalars | shaped))
+
+
+def known_sql(spark_type: str, now_text: str, old_text: str, now: str, old: str, forgotten: str) -> str:
+    """A placeholder column's known value as a struct `{v}`, by the latest-state rules (`stages.unavailable`):
+    the event's own value unless it is Debezium's placeholder, else its `before` image's (REPLICA IDENTITY
+    FULL), else NULL (the caller then takes the key's newest earlier known value); `{v: NULL}` when
+    `forgotten` (a delete forgets the values before it).
+
+    `now_text`/`old_text` are the two images' values as extracted (`raw_text` makes them text), `now`/`old`
+    the same values typed.
+    """
+    now_text, old_text, forms = raw_text(spark_type, now_text), raw_text(spark_type, old_text), _placeholder_texts()
+    return (f"CASE WHEN {forgotten} THEN named_struct('v', CAST(NULL AS {spark_type})) "
+            f"WHEN {now_text} IS NULL OR {now_text} NOT IN ({forms}) THEN named_struct('v', {now}) "
+            f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {old}) END")
 
 
 def value_sql(spark_type: str, value: str, decl: str, image: str, column: str) -> str:
@@ -156,16 +192,14 @@ def _unscaled(base64: str) -> str:
 def _plain(unscaled: str, scale: str) -> str:
     """Python's `format(Decimal(unscaled).scaleb(-scale), 'f')`: the number written out, `scale` digits after the point.
 
-    The scale is bound once (`__sc`) unless it is a name already: it is used eight times, and every copy of
-    an expression is analysed and optimised again on each query of a view."""
-    if not scale.startswith("__"):
-        return _let(scale, _plain(unscaled, "__sc"), name="__sc")
+    The scale is bound once (`__sc`): it is used eight times, and every copy of an expression is analysed and
+    optimised again on each query of a view."""
     digits = "regexp_replace(__v, '^-', '')"
-    padded = f"lpad({digits}, greatest(length({digits}), {scale} + 1), '0')"
-    body = (f"CASE WHEN {scale} > 0 THEN concat(IF(left(__v, 1) = '-', '-', ''), substr({padded}, 1, length({padded}) - {scale}), '.', "
-            f"substr({padded}, length({padded}) - {scale} + 1)) "
-            f"WHEN {scale} = 0 OR __v = '0' THEN __v ELSE concat(__v, repeat('0', -{scale})) END")
-    return _let(unscaled, body)
+    padded = f"lpad({digits}, greatest(length({digits}), __sc + 1), '0')"
+    body = (f"CASE WHEN __sc > 0 THEN concat(IF(left(__v, 1) = '-', '-', ''), substr({padded}, 1, length({padded}) - __sc), '.', "
+            f"substr({padded}, length({padded}) - __sc + 1)) "
+            f"WHEN __sc = 0 OR __v = '0' THEN __v ELSE concat(__v, repeat('0', -__sc)) END")
+    return _let(scale, _let(unscaled, body), name="__sc")
 
 
 def _text(value: str, decl: str, image: str, column: str) -> str:

@@ -33,7 +33,6 @@ from typing import NamedTuple
 from cdc_platform.config import TableConfig
 from cdc_platform.lake import quote_identifier as q
 from cdc_platform.lake.lake_spark import sql_string
-from cdc_platform.stages.unavailable import placeholder_forms
 from cdc_platform.views import connect_sql as CS
 
 #: `_seq` of tail rows: above any stored row's (a Delta version of the latest-state table).
@@ -44,7 +43,6 @@ META = ("_op", "_deleted", "_position", "_source_ts", "_transaction_id", "_inges
 #: in its transaction, its place in the batch, its id (the stage's order of a key's events in one batch).
 TAIL_ORDER = "_tail_order"
 TAIL_ORDER_TYPE = "STRUCT<ingested_at: TIMESTAMP, tx: BIGINT, arrival: BIGINT, event_id: STRING>"
-_NULL_DECL = "CAST(NULL AS STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>)"
 
 
 def known_column(i: int) -> str:
@@ -90,8 +88,6 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
     declared = {name: f"`__decl{i}`" for i, (name, kind) in enumerate(columns.items()) if CS.needs_declaration(kind)}
     decls = "".join(f", {CS.declaration('`__fields`', name)} AS {alias}" for name, alias in declared.items())
     fields = f", from_json(row_schema, {sql_string(CS.ROW_SCHEMA)}).fields AS `__fields`" if declared else ""
-    scalars, shaped = placeholder_forms()
-    forms = ", ".join(sql_string(f) for f in sorted(scalars | shaped))
     after = f"r.ingested_at > {timestamp_literal(applied_through)}" if applied_through is not None else "true"
     dead = (f"\n      AND r.event_id NOT IN (SELECT event_id FROM {dead_letter} WHERE stage = {sql_string(stage)} AND event_id IS NOT NULL)"
             if dead_letter else "")
@@ -108,10 +104,10 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
     names = {name: i for i, name in enumerate(columns)}
 
     def decl(name: str) -> str:
-        return declared[name] if name in declared else _NULL_DECL
+        return declared[name] if name in declared else CS.NULL_DECL
 
     # A column whose `before` image counts too (a key, a placeholder column) is typed by one expression over both
-    # images (`__p<i>`, an array of the two), not two copies of it.
+    # images (`__p<i>`, `connect_sql.both_images_sql`), not two copies of it.
     both = [name for name in columns if name in key or name in holes]
 
     def now(name: str) -> str:  # the value the event's image gives, typed (`_row`: its `after`, or a delete's key)
@@ -122,16 +118,11 @@ def tail_sql(table: TableConfig, columns: Mapping[str, str], raw: str, applied_t
 
     typed = [f"{CS.value_sql(kind, f'_row.{q(name)}', decl(name), 'after', name)} AS {now(name)}"
              for name, kind in columns.items() if name not in both]
-    pairs = [f"transform(array(named_struct('v', _row.{q(name)}, 'i', after), named_struct('v', _before.{q(name)}, 'i', before)), "
-             f"__img -> {CS.value_sql(columns[name], '__img.v', decl(name), '__img.i', name)}) AS `__p{names[name]}`" for name in both]
+    pairs = [f"{CS.both_images_sql(columns[name], name, decl(name))} AS `__p{names[name]}`" for name in both]
 
     def known(name: str) -> str:
-        kind = columns[name]
-        text, old_text = CS.raw_text(kind, f"_row.{q(name)}"), CS.raw_text(kind, f"_before.{q(name)}")
-        return (f"CASE WHEN op = 'd' THEN named_struct('v', CAST(NULL AS {kind})) "
-                f"WHEN {text} IS NULL OR {text} NOT IN ({forms}) THEN named_struct('v', {now(name)}) "
-                f"WHEN {old_text} IS NOT NULL AND {old_text} NOT IN ({forms}) THEN named_struct('v', {old(name)}) END "
-                f"AS `__k{names[name]}`")
+        value = CS.known_sql(columns[name], f"_row.{q(name)}", f"_before.{q(name)}", now(name), old(name), forgotten="op = 'd'")
+        return f"{value} AS `__k{names[name]}`"
 
     level = [*(known(n) for n in holes)]
     # An update whose `before` holds another key moved its row: the old key gets a tombstone at the same position
