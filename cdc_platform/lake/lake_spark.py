@@ -6,6 +6,7 @@ The rules every writer keeps:
   (`txnAppId` = `<query id>:<table>`, `txnVersion` = batch id) as writer options; Delta records it in
   the same commit and skips a later write whose version is not above the recorded one, atomically,
   (delta-rs, which wrote the lake before, only recorded it and the platform had to check it first).
+  The check reads the table's version checksum, not its replayed state (`save`, `OnceWrite`).
 * Identity dedup stays: the raw log and markers insert only ids they do not hold (an anti-join, then
   the idempotent append), so input redelivered under a new batch id, or after a lost checkpoint,
   inserts nothing. The lookup names the partitions and position range the batch touches as literals,
@@ -235,13 +236,71 @@ def writer(df: DataFrame, mode: str, application: str | None = None, batch: int 
     return w.option("userMetadata", metadata) if metadata else w
 
 
+#: Delta's idempotent write with its "already committed?" answered from the table's checksum (jvm/parser's
+#: `OnceWrite`, loaded with the parser's jar): the same check, commit and conflicts as `writer(...).save`, without
+#: the state reconstruction (a Spark job, ~0.5 s) Delta's own check runs before every write.
+ONCE_WRITE = "cdc.platform.lake.OnceWrite"
+#: The session setting that turns it off (`false`): every idempotent write then takes Delta's own check, as a
+#: benchmark's variant compares (`small_batches.py --variant deltacheck=spark.cdc.onceWrite=false`).
+ONCE_WRITE_CONF = "spark.cdc.onceWrite"
+
+
+def save(df: DataFrame, path: LakePath | str, mode: str, application: str | None = None, batch: int | None = None, *,
+         metadata: str | None = None, merge_schema: bool = False) -> bool:
+    """Write `df` to the existing table at `path` (`mode` append or overwrite) as `writer` would, once per
+    (application, batch) when given them; False if that application had committed the batch already.
+
+    The idempotent write goes through `OnceWrite` when this session has it (not over Spark Connect, nor
+    with a parser jar older than it); when the table's checksum cannot tell whether the batch is committed
+    (no `.crc` for its version, or one without the application transactions), through Delta's own check,
+    and whether it wrote is then told by the table's version before and after.
+    """
+    if application is None or batch is None:
+        writer(df, mode, metadata=metadata, merge_schema=merge_schema).save(location(path))
+        return True
+    settled = _once_write(df, path, mode, application, batch, metadata, merge_schema)
+    if settled is not None:
+        return settled
+    before = version(df.sparkSession, path)
+    writer(df, mode, application, batch, metadata=metadata, merge_schema=merge_schema).save(location(path))
+    return version(df.sparkSession, path) != before
+
+
+def _once_write(df: DataFrame, path: LakePath | str, mode: str, application: str, batch: int, metadata: str | None,
+                merge_schema: bool) -> bool | None:
+    """Whether `OnceWrite` wrote (False: committed already), or None when it could not tell and wrote nothing."""
+    from py4j.java_gateway import JavaClass
+
+    spark = df.sparkSession
+    entry: Any = getattr(spark, "_jvm", None)
+    if entry is None or spark.conf.get(ONCE_WRITE_CONF, "true").lower() == "false":  # Spark Connect, or turned off
+        return None
+    for part in ONCE_WRITE.split("."):
+        entry = getattr(entry, part)
+    if not isinstance(entry, JavaClass):  # py4j names a class it cannot find as a package
+        return None
+    options = spark._jvm.java.util.HashMap()  # type: ignore[attr-defined]
+    options.put("txnAppId", application)
+    options.put("txnVersion", str(int(batch)))
+    if merge_schema:
+        options.put("mergeSchema", "true")
+    if metadata:
+        options.put("userMetadata", metadata)
+    outcome = int(entry.write(spark._jsparkSession, df._jdf, location(path), mode, options))  # type: ignore[attr-defined]
+    return None if outcome == _UNKNOWN else outcome == _WROTE
+
+
+#: `OnceWrite`'s answers.
+_WROTE, _UNKNOWN = 1, -1
+
+
 def append_version(df: DataFrame, path: LakePath | str, application: str, batch: int, *, before: int | None = None,
                    merge_schema: bool = False) -> int | None:
     """`append_once`, returning the table's version after the write, or None when Delta skipped it as
     already committed. `before`, the version the caller read just before, saves reading it again."""
     spark = df.sparkSession
     before = version(spark, path) if before is None else before
-    writer(df, "append", application, batch, merge_schema=merge_schema).save(location(path))
+    save(df, path, "append", application, batch, merge_schema=merge_schema)
     after = version(spark, path)
     return None if after == before else after
 
@@ -381,7 +440,7 @@ def insert_new_once(
         fresh = df.join(F.broadcast(redelivered), on=row_column, how="left_anti").select(*(c for c in df.columns if c != row_column))
     def write() -> tuple[int, int]:  # again after a conflict: the lookup then reads the newer snapshot
         first = version(spark, path)
-        writer(fresh, "append", application, batch).save(location(path))
+        save(fresh, path, "append", application, batch)
         return first, version(spark, path)
 
     before, after = with_retries(write, what=f"insert into {Path(str(path)).name}")

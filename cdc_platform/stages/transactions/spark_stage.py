@@ -20,7 +20,7 @@ Per batch (`SparkTransactionStage.run`):
 
 What stays on the driver: the stream clocks and per-source marks (a few rows, cached between batches
 and stamped with the state table's version like `TransactionStage`'s held state), and the
-version and application-transaction reads of small tables through delta-rs.
+version reads of small tables through delta-rs.
 """
 
 from __future__ import annotations
@@ -366,12 +366,9 @@ def _tops(spark: Any, parts: Any, events: Any, held_back: Blocks) -> dict[str, t
 
 
 def _write(data: Any, path: LakePath, application: str | None, version: int | None, mode: str, metadata: str | None) -> bool:
-    """Write unless this application already committed `version` (checked first: a replay ships nothing)."""
-    if application is not None and version is not None and lake.already_committed(lake.open_table(path), application, version):
-        return False
-    out = lake_spark.writer(data, mode, application, version, metadata=metadata)
-    lake_spark.with_retries(lambda: out.save(lake_spark.location(path)), what=f"{mode} {path.name}")
-    return True
+    """Write unless this application already committed `version` (`lake_spark.save` checks before any file is written)."""
+    return bool(lake_spark.with_retries(lambda: lake_spark.save(data, path, mode, application, version, metadata=metadata),
+                                        what=f"{mode} {path.name}"))
 
 
 def _poison_letters(batch: SparkBatch | None, poison: list[dict[str, str]], stage: str, batch_id: int) -> pa.Table:

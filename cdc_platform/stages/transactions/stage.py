@@ -66,9 +66,9 @@ def _write(spark: Any, path: LakePath, data: pa.Table, schema: pa.Schema, applic
         return False
     if application is not None and version is not None and lake.already_committed(lake.open_table(path), application, version):
         return False
-    out = lake_spark.writer(lake_spark.from_arrow(spark, data, schema), mode, application, version, metadata=metadata)
-    lake_spark.with_retries(lambda: out.save(lake_spark.location(path)), what=f"{mode} {path.name}")
-    return True
+    frame = lake_spark.from_arrow(spark, data, schema)
+    return bool(lake_spark.with_retries(lambda: lake_spark.save(frame, path, mode, application, version, metadata=metadata),
+                                        what=f"{mode} {path.name}"))
 
 
 #: What `TransactionStage.prepare` returns for a batch whose state is already committed.
