@@ -246,39 +246,43 @@ ONCE_WRITE_CONF = "spark.cdc.onceWrite"
 
 
 def save(df: DataFrame, path: LakePath | str, mode: str, application: str | None = None, batch: int | None = None, *,
-         metadata: str | None = None, merge_schema: bool = False) -> bool:
+         metadata: str | None = None, merge_schema: bool = False) -> int | None:
     """Write `df` to the existing table at `path` (`mode` append or overwrite) as `writer` would, once per
-    (application, batch) when given them; False if that application had committed the batch already.
+    (application, batch) when given them. Returns a table version at or after the write's own commit (its
+    commit exactly when `OnceWrite` wrote it), or None if that application had committed the batch already.
 
     The idempotent write goes through `OnceWrite` when this session has it (not over Spark Connect, nor
     with a parser jar older than it); when the table's checksum cannot tell whether the batch is committed
     (no `.crc` for its version, or one without the application transactions), through Delta's own check,
     and whether it wrote is then told by the table's version before and after.
     """
+    spark = df.sparkSession
     if application is None or batch is None:
         writer(df, mode, metadata=metadata, merge_schema=merge_schema).save(location(path))
-        return True
+        return version(spark, path)
     settled = _once_write(df, path, mode, application, batch, metadata, merge_schema)
-    if settled is not None:
+    if settled is not _UNSETTLED:
         return settled
-    before = version(df.sparkSession, path)
+    before = version(spark, path)
     writer(df, mode, application, batch, metadata=metadata, merge_schema=merge_schema).save(location(path))
-    return version(df.sparkSession, path) != before
+    after = version(spark, path)
+    return None if after == before else after
 
 
 def _once_write(df: DataFrame, path: LakePath | str, mode: str, application: str, batch: int, metadata: str | None,
-                merge_schema: bool) -> bool | None:
-    """Whether `OnceWrite` wrote (False: committed already), or None when it could not tell and wrote nothing."""
+                merge_schema: bool) -> Any:
+    """The version `OnceWrite` committed, None if the batch was committed already, or `_UNSETTLED` when it
+    could not tell (and wrote nothing)."""
     from py4j.java_gateway import JavaClass
 
     spark = df.sparkSession
     entry: Any = getattr(spark, "_jvm", None)
     if entry is None or spark.conf.get(ONCE_WRITE_CONF, "true").lower() == "false":  # Spark Connect, or turned off
-        return None
+        return _UNSETTLED
     for part in ONCE_WRITE.split("."):
         entry = getattr(entry, part)
     if not isinstance(entry, JavaClass):  # py4j names a class it cannot find as a package
-        return None
+        return _UNSETTLED
     options = spark._jvm.java.util.HashMap()  # type: ignore[attr-defined]
     options.put("txnAppId", application)
     options.put("txnVersion", str(int(batch)))
@@ -287,22 +291,18 @@ def _once_write(df: DataFrame, path: LakePath | str, mode: str, application: str
     if metadata:
         options.put("userMetadata", metadata)
     outcome = int(entry.write(spark._jsparkSession, df._jdf, location(path), mode, options))  # type: ignore[attr-defined]
-    return None if outcome == _UNKNOWN else outcome == _WROTE
+    return _UNSETTLED if outcome == _UNKNOWN else None if outcome == _ALREADY else outcome
 
 
-#: `OnceWrite`'s answers.
-_WROTE, _UNKNOWN = 1, -1
+#: `OnceWrite`'s answers other than a committed version, and `_once_write`'s "could not tell".
+_ALREADY, _UNKNOWN = -1, -2
+_UNSETTLED: Any = object()
 
 
-def append_version(df: DataFrame, path: LakePath | str, application: str, batch: int, *, before: int | None = None,
-                   merge_schema: bool = False) -> int | None:
-    """`append_once`, returning the table's version after the write, or None when Delta skipped it as
-    already committed. `before`, the version the caller read just before, saves reading it again."""
-    spark = df.sparkSession
-    before = version(spark, path) if before is None else before
-    save(df, path, "append", application, batch, merge_schema=merge_schema)
-    after = version(spark, path)
-    return None if after == before else after
+def append_version(df: DataFrame, path: LakePath | str, application: str, batch: int, *, merge_schema: bool = False) -> int | None:
+    """`append_once`, returning a table version at or after the append's commit, or None when the batch was
+    already committed (`save`)."""
+    return save(df, path, "append", application, batch, merge_schema=merge_schema)
 
 
 #: Characters Delta refuses in a column name unless the table maps names to physical ones (column mapping).
@@ -438,13 +438,11 @@ def insert_new_once(
     else:
         redelivered = df.select(id_column, row_column).join(known, on=id_column, how="left_semi").select(row_column)
         fresh = df.join(F.broadcast(redelivered), on=row_column, how="left_anti").select(*(c for c in df.columns if c != row_column))
-    def write() -> tuple[int, int]:  # again after a conflict: the lookup then reads the newer snapshot
-        first = version(spark, path)
-        save(fresh, path, "append", application, batch)
-        return first, version(spark, path)
+    def write() -> tuple[int, int | None]:  # again after a conflict: the lookup then reads the newer snapshot
+        return version(spark, path), save(fresh, path, "append", application, batch)
 
     before, after = with_retries(write, what=f"insert into {Path(str(path)).name}")
-    if after == before:
+    if after is None:
         return None
     # Another writer (a backfill, `cdc maintain`) may have committed right after this append: the append's
     # commit is the one in (before, after] that carries its application transaction.

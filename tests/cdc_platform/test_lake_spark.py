@@ -133,20 +133,21 @@ def test_the_checksum_answers_whether_a_batch_is_committed_and_the_commit_is_del
     the application transaction and the write's metrics as Delta's own write does, and Delta's own writer refuses
     a replay of it, and the other way round."""
     df = spark.createDataFrame([("a", D1, 1), ("b", D2, 2)], SCHEMA)
-    assert lake_spark._once_write(df, table, "append", "q:raw", 3, None, False) is True, "OnceWrite is in the session's jars"
+    committed = lake_spark._once_write(df, table, "append", "q:raw", 3, None, False)
+    assert committed == lake_spark.version(spark, table), "OnceWrite is in the session's jars, and says which version it committed"
     commit = _last_commit(table)
     assert {"txn": {"appId": "q:raw", "version": 3, "lastUpdated": commit[1]["txn"]["lastUpdated"]}} in commit
     info = next(a["commitInfo"] for a in commit if "commitInfo" in a)
     assert info["operation"] == "WRITE" and info["operationMetrics"]["numOutputRows"] == "2" and info["isBlindAppend"]
     assert lake_spark.rows_written(spark, table, lake_spark.version(spark, table), "q:raw", 3) == 2
-    assert lake_spark._once_write(df, table, "append", "q:raw", 3, None, False) is False, "the replay"
-    assert lake_spark._once_write(df, table, "append", "q:raw", 2, None, False) is False, "an older batch"
+    assert lake_spark._once_write(df, table, "append", "q:raw", 3, None, False) is None, "the replay"
+    assert lake_spark._once_write(df, table, "append", "q:raw", 2, None, False) is None, "an older batch"
     before = lake_spark.version(spark, table)
     lake_spark.writer(df, "append", "q:raw", 3).save(str(table))
     assert lake_spark.version(spark, table) == before, "Delta's own check agrees"
     lake_spark.writer(df, "append", "other:raw", 0).save(str(table))
-    assert lake_spark._once_write(df, table, "append", "other:raw", 0, None, False) is False, "and it reads what Delta's writer recorded"
-    assert lake_spark.save(df, table, "append", "q:raw", 4) is True
+    assert lake_spark._once_write(df, table, "append", "other:raw", 0, None, False) is None, "and it reads what Delta's writer recorded"
+    assert lake_spark.save(df, table, "append", "q:raw", 4) == lake_spark.version(spark, table)
     assert len(rows(spark, table)) == 6
 
 
@@ -154,14 +155,14 @@ def test_without_a_checksum_the_write_takes_deltas_own_check(spark: Any, table: 
     """A version whose `.crc` is missing (a crash between the commit and its checksum, or another writer that
     writes none): `OnceWrite` writes nothing and says so, and `save` goes through Delta's own check instead."""
     df = spark.createDataFrame([("a", D1, 1)], SCHEMA)
-    assert lake_spark.save(df, table, "append", "q:raw", 0) is True
-    at = lake_spark.version(spark, table)
+    at = lake_spark.save(df, table, "append", "q:raw", 0)
+    assert at == lake_spark.version(spark, table)
     (table / "_delta_log" / f"{at:020d}.crc").unlink()
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # the checksum is held with the cached snapshot, as a new process would not
-    assert lake_spark._once_write(df, table, "append", "q:raw", 0, None, False) is None
+    assert lake_spark._once_write(df, table, "append", "q:raw", 0, None, False) is lake_spark._UNSETTLED
     assert lake_spark.version(spark, table) == at, "it wrote nothing"
-    assert lake_spark.save(df, table, "append", "q:raw", 0) is False, "Delta's own check refuses the replay"
-    assert lake_spark.save(df, table, "append", "q:raw", 1) is True
+    assert lake_spark.save(df, table, "append", "q:raw", 0) is None, "Delta's own check refuses the replay"
+    assert lake_spark.save(df, table, "append", "q:raw", 1) == at + 1
     assert len(rows(spark, table)) == 2
 
 
@@ -169,23 +170,23 @@ def test_the_checksum_path_can_be_turned_off(spark: Any, table: Path) -> None:
     df = spark.createDataFrame([("a", D1, 1)], SCHEMA)
     spark.conf.set(lake_spark.ONCE_WRITE_CONF, "false")
     try:
-        assert lake_spark._once_write(df, table, "append", "q:raw", 0, None, False) is None
-        assert lake_spark.save(df, table, "append", "q:raw", 0) is True
-        assert lake_spark.save(df, table, "append", "q:raw", 0) is False
+        assert lake_spark._once_write(df, table, "append", "q:raw", 0, None, False) is lake_spark._UNSETTLED
+        assert lake_spark.save(df, table, "append", "q:raw", 0) is not None
+        assert lake_spark.save(df, table, "append", "q:raw", 0) is None
     finally:
         spark.conf.unset(lake_spark.ONCE_WRITE_CONF)
-    assert lake_spark._once_write(df, table, "append", "q:raw", 0, None, False) is False
+    assert lake_spark._once_write(df, table, "append", "q:raw", 0, None, False) is None
 
 
 def test_the_checksum_path_merges_a_new_column_and_overwrites(spark: Any, table: Path) -> None:
     wide = spark.createDataFrame([("a", D1, 1, "x")], SCHEMA + ", extra STRING")
-    assert lake_spark.save(wide, table, "append", "q:raw", 0, merge_schema=True) is True
+    assert lake_spark.save(wide, table, "append", "q:raw", 0, merge_schema=True) is not None
     assert lake_spark.read(spark, table).columns == ["event_id", "event_date", "v", "extra"]
     again = spark.createDataFrame([("b", D2, 2, "y")], SCHEMA + ", extra STRING")
-    assert lake_spark.save(again, table, "overwrite", "q:state", 0, metadata="token-1") is True
+    assert lake_spark.save(again, table, "overwrite", "q:state", 0, metadata="token-1") is not None
     assert rows(spark, table) == [("b", D2, 2, "y")]
     assert next(a["commitInfo"] for a in _last_commit(table) if "commitInfo" in a)["userMetadata"] == "token-1"
-    assert lake_spark.save(again, table, "overwrite", "q:state", 0) is False
+    assert lake_spark.save(again, table, "overwrite", "q:state", 0) is None
 
 
 def test_insert_new_once_dedups_by_identity_and_skips_a_replayed_batch(spark: Any, table: Path) -> None:

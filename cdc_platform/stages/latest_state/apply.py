@@ -270,7 +270,7 @@ class LatestStateStage:
 
         def attempt() -> tuple[int, int | None]:  # again after a conflict (a backfill's schema change, say), from its version
             first = lake_spark.version(spark, path)
-            return first, lake_spark.append_version(rows_of(first + 1), path, app, batch_id, before=first, merge_schema=True)
+            return first, lake_spark.append_version(rows_of(first + 1), path, app, batch_id, merge_schema=True)
 
         before, after = lake_spark.with_retries(attempt, what=f"append to {path.name}")
         if after is None:

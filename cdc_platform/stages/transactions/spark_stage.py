@@ -367,8 +367,8 @@ def _tops(spark: Any, parts: Any, events: Any, held_back: Blocks) -> dict[str, t
 
 def _write(data: Any, path: LakePath, application: str | None, version: int | None, mode: str, metadata: str | None) -> bool:
     """Write unless this application already committed `version` (`lake_spark.save` checks before any file is written)."""
-    return bool(lake_spark.with_retries(lambda: lake_spark.save(data, path, mode, application, version, metadata=metadata),
-                                        what=f"{mode} {path.name}"))
+    return lake_spark.with_retries(lambda: lake_spark.save(data, path, mode, application, version, metadata=metadata),
+                                   what=f"{mode} {path.name}") is not None
 
 
 def _poison_letters(batch: SparkBatch | None, poison: list[dict[str, str]], stage: str, batch_id: int) -> pa.Table:

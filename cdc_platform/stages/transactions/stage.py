@@ -67,8 +67,8 @@ def _write(spark: Any, path: LakePath, data: pa.Table, schema: pa.Schema, applic
     if application is not None and version is not None and lake.already_committed(lake.open_table(path), application, version):
         return False
     frame = lake_spark.from_arrow(spark, data, schema)
-    return bool(lake_spark.with_retries(lambda: lake_spark.save(frame, path, mode, application, version, metadata=metadata),
-                                        what=f"{mode} {path.name}"))
+    return lake_spark.with_retries(lambda: lake_spark.save(frame, path, mode, application, version, metadata=metadata),
+                                   what=f"{mode} {path.name}") is not None
 
 
 #: What `TransactionStage.prepare` returns for a batch whose state is already committed.

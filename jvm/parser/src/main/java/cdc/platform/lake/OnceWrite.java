@@ -46,21 +46,20 @@ import scala.jdk.javaapi.CollectionConverters;
  * replayed state. The answer is the same either way; only the cost differs.
  */
 public final class OnceWrite {
-    /** The write committed. */
-    public static final int WROTE = 1;
     /** The application already committed this version or a later one: nothing written. */
-    public static final int ALREADY = 0;
+    public static final long ALREADY = -1L;
     /** The checksum could not tell: nothing written, write through Delta's own idempotent path instead. */
-    public static final int UNKNOWN = -1;
+    public static final long UNKNOWN = -2L;
 
     private OnceWrite() {}
 
     /**
      * Write {@code data} to the Delta table at {@code path} in {@code mode} ("append" or "overwrite") with the
      * writer {@code options} a {@code df.write.format("delta")} would get; they must carry {@code txnAppId} and
-     * {@code txnVersion}. The table must exist.
+     * {@code txnVersion}. The table must exist. Returns the table version the write committed, or {@link #ALREADY}
+     * or {@link #UNKNOWN}.
      */
-    public static int write(SparkSession spark, Dataset<Row> data, String path, String mode, Map<String, String> options) {
+    public static long write(SparkSession spark, Dataset<Row> data, String path, String mode, Map<String, String> options) {
         String appId = options.get("txnAppId");
         String versionText = options.get("txnVersion");
         if (appId == null || versionText == null) {
@@ -98,11 +97,11 @@ public final class OnceWrite {
                     deltaOptions.canMergeSchema() ? Option.apply((Object) Boolean.TRUE) : Option.empty(),
                     deltaOptions.replaceOn(),
                     deltaOptions.replaceUsing());
-            txn.commitIfNeeded(commitData.actions(), operation, commitData.stringTags());
+            // Never skipped: the actions hold the SetTransaction at least.
+            return (Long) txn.commitIfNeeded(commitData.actions(), operation, commitData.stringTags()).get();
         } finally {
             OptimisticTransaction$.MODULE$.clearActive();
         }
-        return WROTE;
     }
 
     /**
