@@ -20,6 +20,7 @@ up front (what a stream does); each run prints how many of its batches were deco
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,10 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000, help="row changes written (half inserts, half updates)")
     parser.add_argument("--tx-rows", type=int, default=500, help="rows per source transaction")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each format, alternating")
+    parser.add_argument("--jfr", type=Path, help="record the Spark JVM with Java Flight Recorder into this folder "
+                                                 "(benchmarks/jfr_summary.py reads it; the test bed's JVMs are not recorded)")
+    parser.add_argument("--save-records", type=Path, help="also write both topics' records (key, value, topic, partition, offset) "
+                                                          "as Parquet into this folder, to measure the decode and parse without the bed")
     args = parser.parse_args()
 
     from cdc_platform.run.ingest import IngestJob
@@ -140,7 +145,16 @@ def main() -> int:
         say(f"written: {changes:,} change events in {time.monotonic() - t0:.0f} s (connectors caught up {waited:.0f} s after the writer)")
         sizes = {t: high_watermark(bed.broker.bootstrap, t) for t in (json_topic, avro_topic)}
 
+        if args.jfr:  # only the JVM PySpark starts from here on (the bed's JVMs are running already)
+            args.jfr.mkdir(parents=True, exist_ok=True)
+            os.environ["JDK_JAVA_OPTIONS"] = (f"-XX:StartFlightRecording:settings=profile,filename={args.jfr.resolve()}/ "
+                                              "-XX:FlightRecorderOptions:stackdepth=256")
         spark = get_spark()
+        if args.save_records:
+            for topic in (json_topic, avro_topic):
+                (spark.read.format("kafka").option("kafka.bootstrap.servers", bed.broker.bootstrap).option("subscribe", topic)
+                 .option("startingOffsets", "earliest").load().select("key", "value", "topic", "partition", "offset", "timestamp")
+                 .write.mode("overwrite").parquet(str(args.save_records.resolve() / topic)))
         decode_only(spark, bed, avro_topic)  # warm-up: the first jobs of a session compile and load classes
         ids, made, chars = decode_only(spark, bed, avro_topic)
         say(f"decode only, after a warm-up (Avro -> the JSON converter's text, {chars / 1e6:,.0f} M chars): {ids + made:.1f} s "
@@ -153,6 +167,7 @@ def main() -> int:
         for i, fmt in enumerate(alternating(["json", "avro"], args.repeat)):
             topics = [avro_topic, f"avro.{PREFIX}.transaction"] if fmt == "avro" else [json_topic, f"{PREFIX}.transaction"]
             cfg = lake_config(root / f"{fmt}-{i}", bed, topics, avro=fmt == "avro")
+            say(f"cdc run, {fmt}: starting at {time.strftime('%H:%M:%S')}")  # jfr_summary.py --after
             t = time.perf_counter()
             messages: list[str] = []
             report = IngestJob(cfg, progress=messages.append).run_available_now(spark)

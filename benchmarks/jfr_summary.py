@@ -12,7 +12,7 @@ writes a small recording of its own beside it: take the largest file):
         --frame 'OptimisticTransaction.*txnVersion' --frame 'Snapshot\\.cachedState' --callers 'UnsafeProjection\\$\\.create$'
 
 `--after HH:MM:SS` drops the samples before that time (the warm-up runs: each run's line in the
-benchmark's output comes at its end). Printed: samples by thread (numbers folded, so "Executor task
+benchmark's output comes at its end), `--before HH:MM:SS` those from that time on (one run of several). Printed: samples by thread (numbers folded, so "Executor task
 launch worker-#" is every task thread), the frames samples were in (self), the share of samples with each
 `--frame` pattern anywhere on the stack (inclusive), and for `--callers` the frames that called it.
 """
@@ -68,13 +68,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recording", help="a .jfr file")
     parser.add_argument("--after", default="", help="only samples at or after this time of day (HH:MM:SS, as `jfr print` shows it)")
+    parser.add_argument("--before", default="", help="only samples before this time of day (HH:MM:SS): with --after, one run of several")
     parser.add_argument("--frame", action="append", default=[], help="a regex; print the share of samples with a matching frame (repeatable)")
     parser.add_argument("--callers", action="append", default=[], help="a regex; print what called the outermost matching frame (repeatable)")
     parser.add_argument("--top", type=int, default=20, help="rows per table (default 20)")
     parser.add_argument("--depth", type=int, default=512, help="stack frames read per sample (default 512)")
     args = parser.parse_args()
 
-    kept = [s for s in samples(args.recording, args.depth) if s.time >= args.after]
+    kept = [s for s in samples(args.recording, args.depth) if s.time >= args.after and (not args.before or s.time < args.before)]
     n = len(kept)
     if n == 0:
         raise SystemExit(f"no execution samples in {args.recording} at or after {args.after!r}")

@@ -42,14 +42,18 @@ def key_spec_json(keys: KeySpec) -> str:
 
 
 def parse_column(lines: DataFrame, keys: KeySpec) -> Column:
-    """The struct column of each line's parse (value and Kafka key as bytes: invalid UTF-8 is the parser's to find)."""
+    """The struct column of each line's parse (value and Kafka key as bytes: invalid UTF-8 is the parser's to find).
+
+    A record the source rejected (`schemas.REJECT_CODE`, with `REJECT_REASON`) is not parsed: the function gives its
+    dead letter, with that code and reason (`parse_rows` adds its value, base64, as the line)."""
     from pyspark.sql import functions as F
     from pyspark.sql.classic.column import Column
 
     value = F.col("value").cast("binary")
-    if REJECT_CODE in lines.columns:  # a record the source could not make a line of is not parsed (`parse_rows`)
-        value = F.when(F.col(REJECT_CODE).isNull(), value)
     key = F.col(RECORD_KEY_COLUMN).cast("binary") if RECORD_KEY_COLUMN in lines.columns else F.lit(None).cast("binary")
+    none = F.lit(None).cast("string")
+    code = F.col(REJECT_CODE).cast("string") if REJECT_CODE in lines.columns else none
+    reason = F.col(REJECT_REASON).cast("string") if REJECT_REASON in lines.columns else none
     from py4j.java_gateway import JavaClass
 
     entry = lines.sparkSession._jvm  # type: ignore[attr-defined]
@@ -57,7 +61,7 @@ def parse_column(lines: DataFrame, keys: KeySpec) -> Column:
         entry = getattr(entry, part)
     if not isinstance(entry, JavaClass):  # py4j names a class it cannot find as a package
         raise EnvironmentNotReadyError(f"the envelope parser ({ENTRY}) is not loaded in this Spark session: run `make setup`")
-    return Column(entry.parse(value._jc, key._jc, key_spec_json(keys)))
+    return Column(entry.parse(value._jc, key._jc, code._jc, reason._jc, key_spec_json(keys)))
 
 
 def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:
@@ -65,14 +69,14 @@ def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:
 
     A record the source rejected (`schemas.REJECT_CODE`: an Avro record it could not decode) is not parsed: it
     is a dead letter with the source's code and reason, its value (base64) as the line, as the Python parser
-    makes it (`parsed_batches.parse_arrow_batches`)."""
+    makes it (`parsed_batches.parse_arrow_batches`). The Java function makes that dead letter (`parse_column`), so
+    the columns here are the same expressions whether a source rejects records or not: a `CASE` per column on the
+    reject code made the generated method of an Avro batch's decode and parse too large for HotSpot to compile."""
     from pyspark.sql import functions as F
 
     names = lines.columns
-    kept = ("value", "source_file", *KAFKA_ORIGIN_COLUMNS, REJECT_CODE, REJECT_REASON)
+    kept = ("value", "source_file", *KAFKA_ORIGIN_COLUMNS)
     parsed = lines.select(parse_column(lines, keys).alias(_PARSED), *[c for c in kept if c in names])
-    rejected = F.col(REJECT_CODE).isNotNull() if REJECT_CODE in names else None
-    reject_reason = F.coalesce(F.col(REJECT_REASON), F.col(REJECT_CODE)) if REJECT_REASON in names else F.col(REJECT_CODE)
     columns = []
     for field in spark_schema(schemas.PARSED).fields:
         name = field.name
@@ -80,7 +84,7 @@ def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:
             column = F.col(name).cast(field.dataType) if name in names else F.lit(None).cast(field.dataType)
         elif name == "source_file":
             column = F.col("source_file")
-        elif name == "line":  # rewritten only for a line that is not UTF-8 (and "" for a null value)
+        elif name == "line":  # rewritten only for a line that is not UTF-8 (and "" for a null value); a rejected record's value
             column = F.coalesce(F.col(f"{_PARSED}.line"), F.col("value"))
         elif name in _TIMES:
             column = F.timestamp_micros(F.col(f"{_PARSED}.{_TIMES[name]}"))
@@ -88,8 +92,5 @@ def parse_rows(lines: DataFrame, keys: KeySpec) -> DataFrame:
             column = F.date_from_unix_date(F.col(f"{_PARSED}.{_DATES[name]}"))
         else:
             column = F.col(f"{_PARSED}.{name}")
-        if rejected is not None and name not in KAFKA_ORIGIN_COLUMNS and name != "source_file":
-            instead = {"kind": F.lit("dead_letter"), "line": F.col("value"), "reason_code": F.col(REJECT_CODE), "reason": reject_reason}
-            column = F.when(rejected, instead.get(name, F.lit(None))).otherwise(column)
         columns.append(column.cast(field.dataType).alias(name))
     return parsed.select(*columns)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import CdcError
 from cdc_platform.lake.schemas import KAFKA_ORIGIN_COLUMNS, LINES_INCOMPLETE, RECORD_KEY_COLUMN, REJECT_CODE, REJECT_REASON
@@ -169,46 +169,45 @@ def _null_encoding(avro: object) -> bytes | None:
         index >>= 7
 
 
-def _head(c: Column) -> Column:
-    """The first five bytes as hex: the magic byte and the schema id."""
-    from pyspark.sql import functions as F
-
-    return F.hex(F.substring(c, 1, 5))
-
-
-def _framed(c: Column) -> Column:
-    """A value in the wire format: at least the magic byte 0 and a 4-byte id."""
-    from pyspark.sql import functions as F
-
-    head = _head(c)
-    return c.isNotNull() & (F.length(head) == 10) & head.startswith("00")
-
-
 def _schema_id(c: Column) -> Column:
+    """The schema id of a key or value in the wire format (at least the magic byte 0 and a 4-byte id), else null."""
     from pyspark.sql import functions as F
 
-    return F.when(_framed(c), F.conv(F.substring(_head(c), 3, 8), 16, 10).cast("long"))
+    framed = (F.length(c) >= 5) & (F.substring(c, 1, 1) == F.lit(bytearray(b"\x00")))
+    return F.when(framed, F.conv(F.hex(F.substring(c, 2, 4)), 16, 10).cast("long"))
 
 
-def _decoded(name: str, decoders: dict[int, Decoder]) -> Column:
-    """The record's key or value as the JSON converter's text (one branch per schema id of the batch), null
-    without a usable id; what `from_avro` answered bytes that do not decode with is told apart by `_failed`."""
+def _by_id(values: dict[int, Any], schema_id: Column, kind: str) -> Column:
+    """`values[schema_id]`, null for an id not among them: one lookup in a map literal, however many ids."""
+    from pyspark.sql import functions as F
+
+    if not values:
+        return F.lit(None).cast(kind)
+    return F.try_element_at(F.create_map(*(x for k, v in sorted(values.items()) for x in (F.lit(k).cast("long"), F.lit(v)))), schema_id)
+
+
+def _decoded(name: str, schema_id: Column, decoders: dict[int, Decoder]) -> Column:
+    """The record's key or value as the JSON converter's text (one branch per schema id of the batch, the payload's
+    alone: the schema's text comes from a map literal), null without a usable id; what `from_avro` answered bytes
+    that do not decode with is told apart by `_readable`."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    schema_id = _schema_id(F.col(name))
-    out: Column | None = None
+    payload: Column | None = None
+    prefixes: dict[int, Any] = {}
     for i, d in sorted(decoders.items()):
         if d.prefix is None or d.reader is None:
             continue
         decoded = from_avro(_body(name), d.reader, {"mode": "PERMISSIVE"})
         if d.wrapped:  # {"v":<value>} -> <value>; one reference, so the decode runs once
-            payload = F.regexp_extract(F.to_json(F.struct(decoded.alias("v")), {"ignoreNullFields": "false"}), r'(?s)^\{"v":(.*)\}$', 1)
+            text = F.regexp_extract(F.to_json(F.struct(decoded.alias("v")), {"ignoreNullFields": "false"}), r'(?s)^\{"v":(.*)\}$', 1)
         else:
-            payload = F.to_json(decoded, {"ignoreNullFields": "false"})
-        text = F.concat(F.lit(d.prefix), payload, F.lit("}"))
-        out = F.when(schema_id == i, text) if out is None else out.when(schema_id == i, text)
-    return out if out is not None else F.lit(None).cast("string")
+            text = F.to_json(decoded, {"ignoreNullFields": "false"})
+        payload = F.when(schema_id == i, text) if payload is None else payload.when(schema_id == i, text)
+        prefixes[i] = d.prefix
+    if payload is None:
+        return F.lit(None).cast("string")
+    return F.concat(_by_id(prefixes, schema_id, "string"), payload, F.lit("}"))
 
 
 def _body(name: str) -> Column:
@@ -217,86 +216,93 @@ def _body(name: str) -> Column:
     return F.expr(f"substring(`{name}`, 6)")
 
 
-def _failed(name: str, text: Column, decoders: dict[int, Decoder]) -> Column:
-    """Whether `text` (a column `_decoded` made, so each record is decoded once) is `from_avro`'s answer to
+def _readable(name: str, made: Column, schema_id: Column, decoders: dict[int, Decoder]) -> Column:
+    """`made` (a column `_decoded` made, so each record is decoded once), null when it is `from_avro`'s answer to
     bytes that do not decode: its failure payload, unless the bytes are the one encoding of that value."""
     from pyspark.sql import functions as F
 
-    schema_id = _schema_id(F.col(name))
-    out: Column = F.lit(False)
-    for i, d in sorted(decoders.items()):
-        if d.prefix is None:
-            continue
-        failed = F.coalesce(text, F.lit("")) == F.lit(d.prefix + d.failed_payload + "}")
-        if d.null_encoding is not None:
-            failed = failed & (_body(name) != F.lit(bytearray(d.null_encoding)))
-        out = F.when(schema_id == i, failed).otherwise(out)
-    return out
+    usable = {i: d for i, d in decoders.items() if d.prefix is not None}
+    failed = _by_id({i: f"{d.prefix}{d.failed_payload}}}" for i, d in usable.items()}, schema_id, "string")
+    null_body = _by_id({i: bytearray(d.null_encoding) for i, d in usable.items() if d.null_encoding is not None}, schema_id, "binary")
+    return F.when((made != failed) | F.coalesce(_body(name) == null_body, F.lit(False)), made)
+
+
+def _code(c: Column, schema_id: Column, text: Column, decoders: dict[int, Decoder], *, required: bool, unknown: str) -> Column:
+    """Why one side of the record (its key or value) is no line, as a reject code; null when it reads (a key not in the
+    wire format reads: it passes as its text)."""
+    from pyspark.sql import functions as F
+
+    usable = [i for i, d in decoders.items() if d.problem is None]
+    problems = [i for i, d in decoders.items() if d.problem is not None]
+    code = F.when(schema_id.isNull(), F.lit(NOT_WIRE_FORMAT) if required else F.lit(None).cast("string"))
+    if problems:
+        code = code.when(schema_id.isin(problems), F.lit(UNSUPPORTED_SCHEMA))
+    code = code.when(~schema_id.isin(usable) if usable else F.lit(True), F.lit(unknown))
+    return code.when(text.isNull(), F.lit(NOT_DECODABLE))
+
+
+def _reason(side: str, code: Column, c: Column, schema_id: Column, decoders: dict[int, Decoder], registry_url: str, unknown: str) -> Column:
+    """The sentence of `code` (from `_code`) for one side of the record: a template per code, filled by `printf`."""
+    from pyspark.sql import functions as F
+
+    def text(s: str) -> str:
+        return s.replace("%", "%%")
+
+    at = f" (the record's {side})"
+    extra = "" if side == "value" else "; the key's bytes in base64: %4$s"  # the value's bytes are the line
+    if unknown == UNKNOWN_SCHEMA_ID:
+        unknown_text = "schema id %1$s" + text(f"{at} is unknown to the schema registry at {registry_url} (HTTP 404): written against another "
+                                              f"registry, or the schema was deleted; {_BASE64_NOTE}") + extra
+    else:
+        unknown_text = "schema id %1$s" + text(f"{at} was not read from the registry yet: the batch is decoded again with it")
+    templates = {
+        NOT_WIRE_FORMAT: text(f"the record's {side} is not in the schema registry's wire format (magic byte 0, a 4-byte schema id, then Avro); "
+                              "it starts with 0x") + "%2$s" + text(": is the topic written by another converter? (`format: json` reads the "
+                                                                   f"JSON converter's); {_BASE64_NOTE}"),
+        unknown: unknown_text,
+        UNSUPPORTED_SCHEMA: "schema id %1$s" + text(at) + " %3$s" + text(f"; {_BASE64_NOTE}") + extra,
+        NOT_DECODABLE: text(f"the record's {side} does not decode as Avro with schema id ") + "%1$s"
+        + text(f" (truncated or corrupt bytes, or written with another schema); {_BASE64_NOTE}") + extra,
+    }
+    template = F.try_element_at(F.create_map(*(F.lit(x) for kv in sorted(templates.items()) for x in kv)), code)
+    problems = _by_id({i: d.problem for i, d in decoders.items() if d.problem is not None}, schema_id, "string")
+    return F.when(code.isNotNull(), F.printf(template, schema_id.cast("string"), F.lower(F.hex(F.substring(c, 1, 4))), problems, F.base64(c)))
 
 
 def lines(records: DataFrame, decoders: dict[int, Decoder], registry_url: str, *, unknown: str = UNKNOWN_SCHEMA_ID) -> DataFrame:
     """The micro-batch's records (binary `value` and key) as lines in `streams.py`'s column contract.
 
     A record naming a schema id not among `decoders` gets the code `unknown`: `UNKNOWN_SCHEMA_ID` when they are
-    every id of the batch the registry knows, `LINES_INCOMPLETE` when they are only the ids known so far."""
+    every id of the batch the registry knows, `LINES_INCOMPLETE` when they are only the ids known so far.
+
+    Each step is a projection of its own over the last one's columns (the ids read once, each text made once), and
+    each expression's size does not grow with the reject cases or the ids but for the decode's one branch per id
+    (map literals, one `printf` template per code): Spark compiles the projections, and the parse after them, into
+    one generated method, and HotSpot never compiles a method of over 8,000 bytes of bytecode (`HugeMethodLimit`).
+    Written as a `when` per case and id, with the id read again in each, that method was 20,669 bytes: it ran
+    interpreted, and a batch's decode and parse took twice the CPU of the JSON converter's parse
+    (benchmarks/README.md, "A seventh session").
+    """
     from pyspark.sql import functions as F
 
     key, value = F.col(RECORD_KEY_COLUMN), F.col("value")
-    # Two projections: the texts are made once each, and only read by what follows (Spark does not merge
-    # a projection into the next when that would run a costly expression twice).
-    decoded = records.select(
-        "*", _decoded("value", decoders).alias("_value_made"), _decoded(RECORD_KEY_COLUMN, decoders).alias("_key_made"))
-    decoded = decoded.select(
-        "*", *(F.when(~_failed(c, F.col(f"_{side}_made"), decoders), F.col(f"_{side}_made")).alias(f"_{side}_text")
-               for side, c in (("value", "value"), ("key", RECORD_KEY_COLUMN))))
-    usable = [i for i, d in decoders.items() if d.problem is None]
-    problems = {i: d.problem for i, d in decoders.items() if d.problem is not None}
-
-    def why(side: str, c: Column, text: Column, *, required: bool) -> tuple[Column, Column]:
-        """(code, reason) of one side of the record, null when it reads."""
-        schema_id = _schema_id(c)
-        id_text = schema_id.cast("string")
-        at = f" (the record's {side})"
-        extra = F.lit("") if side == "value" else F.concat(F.lit("; the key's bytes in base64: "), F.base64(c))
-        unsupported = F.lit(None).cast("string")
-        for i, text_of in problems.items():
-            unsupported = F.when(schema_id == i, F.lit(text_of)).otherwise(unsupported)
-        cases = [
-            (c.isNotNull() & ~_framed(c) & F.lit(required),
-             NOT_WIRE_FORMAT,
-             F.concat(F.lit(f"the record's {side} is not in the schema registry's wire format (magic byte 0, a 4-byte schema id, "
-                            "then Avro); it starts with 0x"), F.lower(F.hex(F.substring(c, 1, 4))),
-                      F.lit(f": is the topic written by another converter? (`format: json` reads the JSON converter's); {_BASE64_NOTE}"))),
-            (schema_id.isNotNull() & ~schema_id.isin(usable) & unsupported.isNull(),
-             unknown,
-             F.concat(F.lit("schema id "), id_text, F.lit(f"{at} is unknown to the schema registry at {registry_url} (HTTP 404): "
-                                                         f"written against another registry, or the schema was deleted; {_BASE64_NOTE}"), extra)
-             if unknown == UNKNOWN_SCHEMA_ID else
-             F.concat(F.lit("schema id "), id_text, F.lit(f"{at} was not read from the registry yet: the batch is decoded again with it"))),
-            (unsupported.isNotNull(),
-             UNSUPPORTED_SCHEMA,
-             F.concat(F.lit("schema id "), id_text, F.lit(f"{at} "), unsupported, F.lit(f"; {_BASE64_NOTE}"), extra)),
-            (schema_id.isNotNull() & text.isNull(),
-             NOT_DECODABLE,
-             F.concat(F.lit(f"the record's {side} does not decode as Avro with schema id "), id_text,
-                      F.lit(f" (truncated or corrupt bytes, or written with another schema); {_BASE64_NOTE}"), extra)),
-        ]
-        code: Column = F.lit(None).cast("string")
-        reason: Column = F.lit(None).cast("string")
-        for condition, name, sentence in reversed(cases):
-            code = F.when(condition, F.lit(name)).otherwise(code)
-            reason = F.when(condition, sentence).otherwise(reason)
-        return code, reason
-
-    v_code, v_reason = why("value", value, F.col("_value_text"), required=True)
-    k_code, k_reason = why("key", key, F.col("_key_text"), required=False)
-    code = F.when(value.isNull(), F.lit(None)).otherwise(F.coalesce(v_code, k_code))
-    reason = F.when(value.isNull(), F.lit(None)).otherwise(F.coalesce(v_reason, k_reason))
+    ids = {side: F.col(f"_{side}_id") for side in ("value", "key")}
+    made = records.select("*", _schema_id(value).alias("_value_id"), _schema_id(key).alias("_key_id"))
+    made = made.select("*", *(_decoded(c, ids[side], decoders).alias(f"_{side}_made") for side, c in (("value", "value"), ("key", RECORD_KEY_COLUMN))))
+    made = made.select("*", *(_readable(c, F.col(f"_{side}_made"), ids[side], decoders).alias(f"_{side}_text")
+                              for side, c in (("value", "value"), ("key", RECORD_KEY_COLUMN))))
+    made = made.select("*", *(_code(c, ids[side], F.col(f"_{side}_text"), decoders, required=side == "value", unknown=unknown).alias(f"_{side}_code")
+                              for side, c in (("value", value), ("key", key))))
+    v_code, k_code = F.col("_value_code"), F.col("_key_code")
+    v_reason = _reason("value", v_code, value, ids["value"], decoders, registry_url, unknown)
+    k_reason = _reason("key", k_code, key, ids["key"], decoders, registry_url, unknown)
+    code = F.when(value.isNotNull(), F.coalesce(v_code, k_code))
+    reason = F.when(value.isNotNull(), F.coalesce(v_reason, k_reason))
     origin = [c for c in KAFKA_ORIGIN_COLUMNS if c in records.columns]
-    return decoded.select(
+    return made.select(
         F.when(code.isNotNull(), F.base64(value)).otherwise(F.col("_value_text")).alias("value"),
         "source_file",
-        F.when(_framed(key), F.col("_key_text")).otherwise(key.cast("string")).alias(RECORD_KEY_COLUMN),
+        F.when(ids["key"].isNotNull(), F.col("_key_text")).otherwise(key.cast("string")).alias(RECORD_KEY_COLUMN),
         *origin,
         code.alias(REJECT_CODE),
         reason.alias(REJECT_REASON),

@@ -121,6 +121,45 @@ def test_records_it_cannot_read_are_dead_letters_holding_their_bytes(spark: Any)
     assert got["a tombstone"]["kind"] == "tombstone"
 
 
+def test_reasons_are_whole_sentences_whatever_the_registry_url_holds(spark: Any) -> None:
+    """Each reject's reason, word for word (`avro_decode._reason` fills a template per code with `printf`), with a
+    registry URL holding `%` signs (a percent-encoded path), which a template must keep as they are."""
+    from cdc_platform.sources.schema_registry import RegistrySchema
+
+    data = captured()
+    good = next(r for r in data["records"] if r["topic"] == "avro.pg.public.types" and r["value"] and r["key"])
+    value, key = raw(good["value"]), raw(good["key"])
+    assert value is not None and key is not None
+    key_id, value_id = struct.unpack(">I", key[1:5])[0], struct.unpack(">I", value[1:5])[0]
+    decoders = {i: avro_decode.Decoder(RegistrySchema(i, text, "AVRO", ())) for i, text in schema_ids(data).items() if i in (key_id, value_id)}
+    decoders[9] = avro_decode.Decoder(RegistrySchema(9, "syntax = \"proto3\";", "PROTOBUF", ()))
+    url = "http://registry/a%20b%s%1$s"
+    rows = avro_decode.lines(frame(spark, [(key, wire(424_242, b"\x02")), (key, b"{x"), (key, wire(9, b"\x00")), (key, value[: len(value) // 2]),
+                                           (wire(777, b"\x02"), value), (wire(9, b""), value), (key[:5], value)]), decoders, url).collect()
+    note = "the line holds the record's value bytes in base64"
+    problem = "is a PROTOBUF schema; `format: avro` reads Avro only"
+    unknown_key, proto_key, cut_key = (base64.b64encode(k).decode() for k in (wire(777, b"\x02"), wire(9, b""), key[:5]))
+    assert [(r[REJECT_CODE], r["reject_reason"]) for r in rows] == [
+        (avro_decode.UNKNOWN_SCHEMA_ID, f"schema id 424242 (the record's value) is unknown to the schema registry at {url} (HTTP 404): "
+                                        f"written against another registry, or the schema was deleted; {note}"),
+        (avro_decode.NOT_WIRE_FORMAT, "the record's value is not in the schema registry's wire format (magic byte 0, a 4-byte schema id, "
+                                      "then Avro); it starts with 0x7b78: is the topic written by another converter? (`format: json` reads "
+                                      f"the JSON converter's); {note}"),
+        (avro_decode.UNSUPPORTED_SCHEMA, f"schema id 9 (the record's value) {problem}; {note}"),
+        (avro_decode.NOT_DECODABLE, f"the record's value does not decode as Avro with schema id {value_id} (truncated or corrupt bytes, or "
+                                    f"written with another schema); {note}"),
+        (avro_decode.UNKNOWN_SCHEMA_ID, f"schema id 777 (the record's key) is unknown to the schema registry at {url} (HTTP 404): written "
+                                        f"against another registry, or the schema was deleted; {note}; the key's bytes in base64: "
+                                        f"{unknown_key}"),
+        (avro_decode.UNSUPPORTED_SCHEMA, f"schema id 9 (the record's key) {problem}; {note}; the key's bytes in base64: {proto_key}"),
+        (avro_decode.NOT_DECODABLE, f"the record's key does not decode as Avro with schema id {key_id} (truncated or corrupt bytes, or "
+                                    f"written with another schema); {note}; the key's bytes in base64: {cut_key}"),
+    ]
+    incomplete = avro_decode.lines(frame(spark, [(key, wire(424_242, b"\x02"))]), decoders, url, unknown=LINES_INCOMPLETE).collect()
+    assert [(r[REJECT_CODE], r["reject_reason"]) for r in incomplete] == [
+        (LINES_INCOMPLETE, "schema id 424242 (the record's value) was not read from the registry yet: the batch is decoded again with it")]
+
+
 def write_config(tmp_path: Path, registry_url: str) -> Any:
     doc = {"lake": "lake", "tables": {"public.types": {"key": ["id"]}},
            "source": {"kind": "kafka", "bootstrap_servers": "127.0.0.1:9", "topics": ["avro.pg.public.types"], "format": "avro",

@@ -10,7 +10,7 @@ import java.util.Set;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
-import org.apache.spark.sql.api.java.UDF2;
+import org.apache.spark.sql.api.java.UDF4;
 import org.apache.spark.sql.expressions.UserDefinedFunction;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.types.DataType;
@@ -70,13 +70,25 @@ public final class SparkParse {
 
     /** The parse of {@code value} (binary: the line's bytes) with {@code recordKey} (binary, or a null literal). */
     public static Column parse(Column value, Column recordKey, String keySpecJson) {
+        Column none = functions.lit(null).cast(DataTypes.StringType);
+        return parse(value, recordKey, none, none, keySpecJson);
+    }
+
+    /**
+     * The parse of {@code value} with {@code recordKey}, unless the source rejected the record ({@code rejectCode},
+     * a string column, not null; {@code rejectReason} its sentence): then a dead letter with that code and reason,
+     * whose line is the input's value ({@code jvm_parse.parse_rows} takes it from there). Decided here, not by a
+     * Spark {@code CASE} per output column: those were a third of the generated method that holds an Avro batch's
+     * decode and parse, which HotSpot leaves interpreted past 8,000 bytes of bytecode.
+     */
+    public static Column parse(Column value, Column recordKey, Column rejectCode, Column rejectReason, String keySpecJson) {
         Envelope.keySpec(keySpecJson); // a bad spec fails here, in the driver, not in every task
         UserDefinedFunction udf = functions.udf(new Parse(keySpecJson), SCHEMA).withName("cdc_parse_envelope");
-        return udf.apply(value, recordKey);
+        return udf.apply(value, recordKey, rejectCode, rejectReason);
     }
 
     /** The function Spark ships to its executors; the parser is made once per deserialised copy (a task). */
-    static final class Parse implements UDF2<byte[], byte[], Row> {
+    static final class Parse implements UDF4<byte[], byte[], String, String, Row> {
         private final String keySpecJson;
         private transient Envelope envelope;
 
@@ -85,10 +97,19 @@ public final class SparkParse {
         }
 
         @Override
-        public Row call(byte[] value, byte[] recordKey) {
+        public Row call(byte[] value, byte[] recordKey, String rejectCode, String rejectReason) {
+            if (rejectCode != null) return row(rejected(rejectCode, rejectReason));
             if (envelope == null) envelope = new Envelope(Envelope.keySpec(keySpecJson));
             return row(envelope.parse(value, recordKey));
         }
+    }
+
+    /** The dead letter of a record the source could not make a line of (its line is the input's value, set by the caller). */
+    static ParsedRow rejected(String code, String reason) {
+        ParsedRow row = new ParsedRow("dead_letter");
+        row.reasonCode = code;
+        row.reason = reason != null ? reason : code;
+        return row;
     }
 
     static Row row(ParsedRow r) {
