@@ -273,15 +273,11 @@ def _once_write(df: DataFrame, path: LakePath | str, mode: str, application: str
                 merge_schema: bool) -> Any:
     """The version `OnceWrite` committed, None if the batch was committed already, or `_UNSETTLED` when it
     could not tell (and wrote nothing)."""
-    from py4j.java_gateway import JavaClass
+    from cdc_platform.spark.session import jvm_class
 
     spark = df.sparkSession
-    entry: Any = getattr(spark, "_jvm", None)
-    if entry is None or spark.conf.get(ONCE_WRITE_CONF, "true").lower() == "false":  # Spark Connect, or turned off
-        return _UNSETTLED
-    for part in ONCE_WRITE.split("."):
-        entry = getattr(entry, part)
-    if not isinstance(entry, JavaClass):  # py4j names a class it cannot find as a package
+    entry = jvm_class(spark, ONCE_WRITE)
+    if entry is None or spark.conf.get(ONCE_WRITE_CONF, "true").lower() == "false":  # Spark Connect, no such jar, or turned off
         return _UNSETTLED
     options = spark._jvm.java.util.HashMap()  # type: ignore[attr-defined]
     options.put("txnAppId", application)

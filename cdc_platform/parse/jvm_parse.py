@@ -54,12 +54,10 @@ def parse_column(lines: DataFrame, keys: KeySpec) -> Column:
     none = F.lit(None).cast("string")
     code = F.col(REJECT_CODE).cast("string") if REJECT_CODE in lines.columns else none
     reason = F.col(REJECT_REASON).cast("string") if REJECT_REASON in lines.columns else none
-    from py4j.java_gateway import JavaClass
+    from cdc_platform.spark.session import jvm_class
 
-    entry = lines.sparkSession._jvm  # type: ignore[attr-defined]
-    for part in ENTRY.split("."):
-        entry = getattr(entry, part)
-    if not isinstance(entry, JavaClass):  # py4j names a class it cannot find as a package
+    entry = jvm_class(lines.sparkSession, ENTRY)
+    if entry is None:
         raise EnvironmentNotReadyError(f"the envelope parser ({ENTRY}) is not loaded in this Spark session: run `make setup`")
     return Column(entry.parse(value._jc, key._jc, code._jc, reason._jc, key_spec_json(keys)))
 

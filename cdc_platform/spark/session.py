@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ConfigError, EnvironmentNotReadyError
 
@@ -280,6 +280,29 @@ def require_object_store(where: str) -> None:
             "start it with get_spark(object_store=True) (the CLI and Dagster do so when the config's lake is a URL), "
             "after `make setup-object-store`"
         )
+
+
+def jvm_class(spark: SparkSession, name: str) -> Any | None:
+    """A class of the session's JVM by its full name (the platform's own, from the parser's jar), or None when
+    the session has no JVM here (Spark Connect) or the class is not loaded (a jar `make setup` has not built).
+
+    Kept per JVM: py4j resolves each part of a name with a round trip, and the lake looks its class up on every
+    write."""
+    from py4j.java_gateway import JavaClass
+
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return None
+    key = (id(jvm), name)
+    if key not in _JVM_CLASSES:
+        entry: Any = jvm
+        for part in name.split("."):
+            entry = getattr(entry, part)
+        _JVM_CLASSES[key] = entry if isinstance(entry, JavaClass) else None  # py4j names a class it cannot find as a package
+    return _JVM_CLASSES[key]
+
+
+_JVM_CLASSES: dict[tuple[int, str], Any] = {}
 
 
 def stop_spark() -> None:
