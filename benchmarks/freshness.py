@@ -1,12 +1,14 @@
 """Freshness: from an event's source timestamp to its row being visible in `<name>__full_view`.
 
 A feeder lands the sample workload's files at a steady rate of change events (default 2,000/s) while
-`cdc stream` runs as a subprocess, exactly as an operator runs it. Each change event's `source.ts_ms`
-is set to the wall clock at the moment its file lands, so "source timestamp" means "the moment the
-connector delivered it". A reader polls every `<name>__full_view` the way a reader's session does (the
-lake's views registered again, then one query), and notes when each event's row (`_event_id`) first
-shows up there; the consistent views are polled beside them. Latency = first seen - source timestamp; it
-includes the poll interval and the poll's own query, whose seconds are printed with the figures.
+`cdc stream` runs as a subprocess, exactly as an operator runs it. The workload's commit times
+(`source.ts_ms`, the markers' `ts_ms`) are moved onto the wall clock, spread so that change events come
+at the rate, and each file lands once its newest commit has happened (`Feeder`), so "source timestamp"
+means the commit time a connector would report. A reader polls every `<name>__full_view` the way a
+reader's session does (the lake's views registered again, then one query), and notes when each event's
+row (`_event_id`) first shows up there; the consistent views are polled beside them. Latency = first
+seen - source timestamp; it includes the poll interval and the poll's own query, whose seconds are
+printed with the figures.
 
 First, in the same run, the floor: the same lines fed at the same rate to a plain Structured Streaming
 append into one Delta table (no parsing, no guarantees), polled the same way (its Delta table read
@@ -44,6 +46,8 @@ from _common import (
     OUT,
     REPO,
     banner,
+    cpu_seconds,
+    descendants,
     exit_now,
     fresh_dir,
     load_average,
@@ -55,8 +59,8 @@ from _common import (
 from cdc_platform.config import DEFAULT_MAX_FILES_PER_TRIGGER
 from cdc_platform.spark.processes import stop_group
 
-_SOURCE_TS = re.compile(r'("name":"payments","ts_ms":)\d{13}')
-_MARKER_TS = re.compile(r'("status":"(?:BEGIN|END)","id":"[^"]*","ts_ms":)\d{13}')
+_SOURCE_TS = re.compile(r'("name":"payments","ts_ms":)(\d{13})')
+_MARKER_TS = re.compile(r'("status":"(?:BEGIN|END)","id":"[^"]*","ts_ms":)(\d{13})')
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,19 +72,33 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Feeder(threading.Thread):
-    """Lands files so that change events arrive at `rate` per second, stamping them as they land."""
+    """Lands the workload's files at `rate` change events per second, each timestamp moved to the feed's clock.
+
+    Every source and marker timestamp is mapped by one affine map from the workload's clock to the wall
+    clock (its first commit = the moment feeding begins, its commits spread so that the change events
+    come at `rate`), and a file lands once the newest commit in it has happened, in that order across the
+    topics: a file sink behind Debezium does the same. So one transaction's events and markers carry one
+    commit time wherever they land, and a connector-restart duplicate carries its original's (as
+    Debezium's do). Stamping each file with the moment it landed instead gave a transaction's parts in
+    different topics times up to a minute apart: the stage timed dozens of complete transactions out and
+    took duplicates for new events (their identity holds `source.ts_ms`).
+    """
 
     def __init__(self, source: Path, landing: Path, rate: float, seconds: float) -> None:
         super().__init__(daemon=True)
         self.landing = landing
         self.rate = rate
         self.seconds = seconds
-        by_topic = {d.name: sorted(d.glob("*.jsonl")) for d in sorted(source.iterdir()) if d.is_dir()}
-        self.files: list[Path] = []
-        for i in range(max(len(v) for v in by_topic.values())):
-            for files in by_topic.values():
-                if i < len(files):
-                    self.files.append(files[i])
+        spans: list[tuple[int, int, int, Path]] = []
+        for topic in sorted(d for d in source.iterdir() if d.is_dir()):
+            for path in sorted(topic.glob("*.jsonl")):
+                text = path.read_text(encoding="utf-8")
+                stamps = [int(m.group(2)) for m in _SOURCE_TS.finditer(text)] + [int(m.group(2)) for m in _MARKER_TS.finditer(text)]
+                if stamps:
+                    spans.append((max(stamps), min(stamps), len(_SOURCE_TS.findall(text)), path))
+        spans.sort(key=lambda s: (s[0], str(s[3])))
+        self.files = [s[3] for s in spans]
+        self._span = {s[3]: (s[1], s[0], s[2]) for s in spans}
         self.events_written = 0
         self.lines_written = 0
         self.files_written = 0
@@ -89,21 +107,31 @@ class Feeder(threading.Thread):
         self.behind_max = 0.0
 
     def run(self) -> None:
+        spans = [self._span[p] for p in self.files]
+        first = min((s[0] for s in spans), default=0)
+        last = max((s[1] for s in spans), default=0)
+        events = sum(s[2] for s in spans)
+        # Workload ms -> feed ms: `events` change events over `events / rate` seconds.
+        scale = (events / self.rate * 1000.0) / (last - first) if last > first else 0.0
         self.started_at = time.time()
+        start_ms = self.started_at * 1000.0
         t0 = time.perf_counter()
+
+        def mapped(ms: int) -> int:
+            return int(start_ms + (ms - first) * scale)
+
         for path in self.files:
+            due = (mapped(self._span[path][1]) - start_ms) / 1000.0  # when the file's newest commit happens
             elapsed = time.perf_counter() - t0
-            if elapsed >= self.seconds:
+            if due >= self.seconds:
                 break
-            due = self.events_written / self.rate  # when the events written so far should have been done
             if due > elapsed:
                 time.sleep(due - elapsed)
             else:
                 self.behind_max = max(self.behind_max, elapsed - due)
             text = path.read_text(encoding="utf-8")
-            now_ms = str(int(time.time() * 1000))
-            text, changes = _SOURCE_TS.subn(lambda m: m.group(1) + now_ms, text)
-            text = _MARKER_TS.sub(lambda m: m.group(1) + now_ms, text)
+            text, changes = _SOURCE_TS.subn(lambda m: m.group(1) + str(mapped(int(m.group(2)))), text)
+            text = _MARKER_TS.sub(lambda m: m.group(1) + str(mapped(int(m.group(2)))), text)
             target = self.landing / path.parent.name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.parent / f".{path.name}.tmp"
@@ -341,6 +369,17 @@ def main() -> int:
     return 0
 
 
+def cpu_split(stream_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the stream (its process and everything under it: its JVM, Spark's Python workers)
+    and of the rest of this benchmark's tree: the reader's Spark and the feeder. On two cores the reader
+    competes with the stream it measures, so its share is printed beside the figures."""
+    def tree(root: int, skip: set[int]) -> float:
+        return sum(cpu_seconds(p) or 0.0 for p in [root, *descendants(root)] if p not in skip)
+
+    stream = {stream_pid, *descendants(stream_pid)}
+    return {"the stream": tree(stream_pid, set()), "the reader and feeder": tree(os.getpid(), stream)}
+
+
 def feed_and_poll(w: Any, landing: Path, args: argparse.Namespace, proc: subprocess.Popen[bytes],
                   pollers: list[Poller]) -> tuple[Feeder, list[set[str]]] | None:
     """Warm the stream up (a first file visible), feed at the rate while polling, drain, stop the stream.
@@ -361,14 +400,18 @@ def feed_and_poll(w: Any, landing: Path, args: argparse.Namespace, proc: subproc
         say(f"stream up and first rows visible after {time.perf_counter() - t0:.1f} s; feeding ...  [{load_average()}]")
         feeder = Feeder(w.landing, landing, args.rate, args.seconds)
         feeder.files = feeder.files[4:]
+        cpu_before = cpu_split(proc.pid)
         feeder.start()
         while feeder.is_alive():
             for p in pollers:
                 p.poll()
             time.sleep(args.poll)
+        cpu = {k: v - cpu_before[k] for k, v in cpu_split(proc.pid).items()}
+        fed_for = feeder.finished_at - feeder.started_at
         say(f"feeder done: {feeder.events_written:,} change events ({feeder.lines_written:,} lines, {feeder.files_written} files) "
-            f"in {feeder.finished_at - feeder.started_at:.1f} s = {feeder.events_written / (feeder.finished_at - feeder.started_at):,.0f} events/s; "
+            f"in {fed_for:.1f} s = {feeder.events_written / fed_for:,.0f} events/s; "
             f"at most {feeder.behind_max:.1f} s behind schedule  [{load_average()}]")
+        say("CPU while feeding: " + ", ".join(f"{k} {v:.0f} s ({v / fed_for:.2f} cores)" for k, v in cpu.items()))
         for p in pollers:
             p.drain(lambda: proc.poll() is None, args.poll)
         return feeder, warm_ids

@@ -502,7 +502,7 @@ def main() -> int:
     )
     say(f"    {memory_line(run_mem)}")
     say(f"    {cpu_line(run_cpu, run_s)}")
-    say(f"    driver only (no Spark task running): {driver_only:.0%} of the run's wall time (target <= 25%: it bounds any cluster's speed-up); "
+    say(f"    driver only (no Spark task running): {driver_only:.1%} of the run's wall time (target <= 25%: it bounds any cluster's speed-up); "
         f"ingest batches {sum(b.seconds for b in report.batches):.1f} s, then the stage queries' {len(report.stage_batches)} batches "
         f"{sum(b.seconds for b in report.stage_batches):.1f} s (side by side)")
     in_batches = sum(b.seconds for b in report.batches)
