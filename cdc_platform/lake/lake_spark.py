@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
+from cdc_platform.lake import schemas
 from cdc_platform.lake.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.spark.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
@@ -121,8 +122,12 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
         # Written by an earlier version through Hadoop's checksummed FileContext (see session.LOCAL_FILES_CONF):
         # the one file Delta overwrites would keep a stale checksum, which a read through FileSystem takes for corruption.
         (Path(str(path)) / "_delta_log" / "._last_checkpoint.crc").unlink(missing_ok=True)
+    name = Path(str(path)).name
     builder = (DeltaTable.createIfNotExists(spark).location(location(path)).addColumns(schema)
-               .property("delta.checkpointInterval", str(checkpoint_interval(Path(str(path)).name))))
+               .property("delta.checkpointInterval", str(checkpoint_interval(name))))
+    skipped = stats_columns(schema, partition_by, schemas.UNSKIPPED_COLUMNS.get(name, ()))
+    if skipped is not None:
+        builder = builder.property(STATS_COLUMNS_PROPERTY, ",".join(skipped))
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
     try:
@@ -145,7 +150,28 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{location(path)}` ADD COLUMNS ({columns})")
         table = DeltaTable.forPath(spark, location(path))
+        named = (table.detail().select("properties").first()["properties"] or {}).get(STATS_COLUMNS_PROPERTY)
+        if named is not None and skipped is not None:  # a column added later gets statistics too, as it would without the list
+            widened = [c for c in skipped if c in set(named.split(",")) or c in {f.name for f in missing}]
+            spark.sql(f"ALTER TABLE delta.`{location(path)}` SET TBLPROPERTIES ('{STATS_COLUMNS_PROPERTY}' = '{','.join(widened)}')")
     return table
+
+
+#: Delta's table property naming the columns it collects file statistics for (instead of the first 32).
+STATS_COLUMNS_PROPERTY = "delta.dataSkippingStatsColumns"
+
+
+def stats_columns(schema: StructType, partition_by: Sequence[str], unskipped: Sequence[str]) -> list[str] | None:
+    """The columns of `schema` Delta should keep file statistics for when `unskipped` are left out (None: no
+    list, Delta's default). Partition columns are skipped by their values, and Delta refuses statistics on
+    them and on booleans and nested types, so the list holds the top-level strings, numbers, dates and times."""
+    from pyspark.sql.types import DateType, NumericType, StringType, TimestampNTZType, TimestampType
+
+    if not unskipped:
+        return None
+    leave = set(unskipped) | set(partition_by)
+    kinds = (StringType, NumericType, DateType, TimestampType, TimestampNTZType)
+    return [f.name for f in schema.fields if f.name not in leave and isinstance(f.dataType, kinds)]
 
 
 def ensure_tables(spark: SparkSession, tables: Sequence[tuple[LakePath | str, StructType, Sequence[str]]]) -> None:

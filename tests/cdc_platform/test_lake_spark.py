@@ -121,6 +121,40 @@ def test_append_once_writes_a_batch_once_and_refuses_older_ones(spark: Any, tabl
     assert rows(spark, table) == [("a", D1, 1), ("a", D1, 1)]
 
 
+def test_the_raw_log_keeps_no_file_statistics_on_its_text_and_a_column_added_later_gets_them(spark: Any, tmp_path: Path) -> None:
+    """A new raw log names its statistics columns (`schemas.UNSKIPPED_COLUMNS`): a file's statistics hold the
+    position and ids a lookup prunes by, not the images or the line; a column added later is named too, and
+    the lookup by identity still finds a redelivery. A table of another name keeps Delta's default."""
+    import json
+
+    from pyspark.sql.types import StructType
+
+    from cdc_platform.lake import schemas
+
+    ddl = "event_id STRING, event_date DATE, position STRING, `before` STRING, line STRING, snapshot BOOLEAN"
+    path = tmp_path / "raw_change_events"
+    lake_spark.ensure_table(spark, path, StructType.fromDDL(ddl), ["event_date"])
+    named = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["properties"][lake_spark.STATS_COLUMNS_PROPERTY]
+    assert named.split(",") == ["event_id", "position"]
+    assert set(schemas.UNSKIPPED_COLUMNS["raw_change_events"]) >= {"before", "after", "line"}
+
+    lake_spark.ensure_table(spark, path, StructType.fromDDL(ddl + ", arrival BIGINT"), ["event_date"])
+    named = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["properties"][lake_spark.STATS_COLUMNS_PROPERTY]
+    assert named.split(",") == ["event_id", "position", "arrival"]
+
+    cols = "event_id STRING, event_date DATE, position STRING, `before` STRING, line STRING, snapshot BOOLEAN, arrival BIGINT"
+    batch = spark.createDataFrame([("e1", D1, "p1", "{}", "x" * 100, False, 1), ("e2", D1, "p2", "{}", "y", False, 2)], cols)
+    assert lake_spark.insert_new_once(batch, path, "event_id", "event_date", "q:raw", 0, range_column="position") == 2
+    adds = [a["add"] for a in _last_commit(path) if "add" in a]
+    stats = json.loads(adds[0]["stats"])
+    assert set(stats["minValues"]) == {"event_id", "position", "arrival"}, stats
+    assert lake_spark.insert_new_once(batch, path, "event_id", "event_date", "q:raw", 1, range_column="position") == 0
+
+    other = tmp_path / "customers"
+    lake_spark.ensure_table(spark, other, StructType.fromDDL(ddl), ["event_date"])
+    assert lake_spark.STATS_COLUMNS_PROPERTY not in spark.sql(f"DESCRIBE DETAIL delta.`{other}`").first()["properties"]
+
+
 def _last_commit(path: Path) -> list[dict[str, Any]]:
     import json
 
