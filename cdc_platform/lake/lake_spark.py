@@ -18,13 +18,13 @@ The rules every writer keeps:
 from __future__ import annotations
 
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
 from cdc_platform.lake import schemas
+from cdc_platform.lake.table_properties import STATS_COLUMNS_PROPERTY, checkpoint_interval, stats_columns
 from cdc_platform.lake.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.spark.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
@@ -82,27 +82,6 @@ def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema) -> DataFr
     return spark.createDataFrame(data.select(schema.names).cast(schema), schema=spark_schema(schema))
 
 
-#: The checkpoint intervals a table draws from (`checkpoint_interval`): primes, so that two tables drawing
-#: different ones checkpoint in the same batch only once every product of the two (143 batches or more).
-CHECKPOINT_INTERVALS = (11, 13, 17, 19, 23, 29)
-
-
-def checkpoint_interval(name: str) -> int:
-    """The `delta.checkpointInterval` a new table of this name gets: one of `CHECKPOINT_INTERVALS`, by a
-    stable hash of the name.
-
-    Delta checkpoints a table after a commit whose version is a multiple of its interval (default 10),
-    ~1 s of a busy two-core machine each. A stream commits to each of its tables once a batch, and a
-    lake's tables are created together, so at one interval every table checkpointed in the same batch:
-    every tenth small steady batch took 13.6-18.2 s against ~9.5 (benchmarks/README.md, "Staggered
-    checkpoints"). Drawn intervals spread them over the batches. Longer ones cost a batch nothing here:
-    a guarded append replaying up to 49 commits of JSON cost less than one reading a checkpoint and up
-    to 9 (means of 0.63-0.71 s against 0.74-0.81 s). A reader opening the table cold reads at most 28
-    commit files after the checkpoint instead of 9.
-    """
-    return CHECKPOINT_INTERVALS[zlib.crc32(name.encode()) % len(CHECKPOINT_INTERVALS)]
-
-
 def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:
     """Create the table if it does not exist; add the nullable columns `schema` has and an existing table lacks.
 
@@ -155,23 +134,6 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
             widened = [c for c in skipped if c in set(named.split(",")) or c in {f.name for f in missing}]
             spark.sql(f"ALTER TABLE delta.`{location(path)}` SET TBLPROPERTIES ('{STATS_COLUMNS_PROPERTY}' = '{','.join(widened)}')")
     return table
-
-
-#: Delta's table property naming the columns it collects file statistics for (instead of the first 32).
-STATS_COLUMNS_PROPERTY = "delta.dataSkippingStatsColumns"
-
-
-def stats_columns(schema: StructType, partition_by: Sequence[str], unskipped: Sequence[str]) -> list[str] | None:
-    """The columns of `schema` Delta should keep file statistics for when `unskipped` are left out (None: no
-    list, Delta's default). Partition columns are skipped by their values, and Delta refuses statistics on
-    them and on booleans and nested types, so the list holds the top-level strings, numbers, dates and times."""
-    from pyspark.sql.types import DateType, NumericType, StringType, TimestampNTZType, TimestampType
-
-    if not unskipped:
-        return None
-    leave = set(unskipped) | set(partition_by)
-    kinds = (StringType, NumericType, DateType, TimestampType, TimestampNTZType)
-    return [f.name for f in schema.fields if f.name not in leave and isinstance(f.dataType, kinds)]
 
 
 def ensure_tables(spark: SparkSession, tables: Sequence[tuple[LakePath | str, StructType, Sequence[str]]]) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc_platform import lake
 from cdc_platform.config import PlatformConfig, TableConfig, mask_salt
 from cdc_platform.errors import ConfigError
 from cdc_platform.workload.generate import CDC_YAML
@@ -78,7 +79,8 @@ def prepare_dir(out: Path) -> None:
 
 
 def count_lake(spark: Any, config: PlatformConfig, names: Sequence[str]) -> dict[tuple[str, str], int]:
-    """(name, what) -> count, in one Spark query: a UNION ALL runs as one job instead of one per table.
+    """(name, what) -> count: a whole table's rows from its Delta log where the log can say (`lake.row_count`,
+    no Spark), the rest in one Spark query (a UNION ALL runs as one job instead of one per table).
 
     For a latest-state table: `live` and `tombstones` from the folded state, `stored` from the Delta
     table itself (both layers), `consistent` from the consistent view; for `open_transactions`, one
@@ -90,23 +92,32 @@ def count_lake(spark: Any, config: PlatformConfig, names: Sequence[str]) -> dict
     latest_names = {t.name for t in latest} | {f"{t.name}__stored" for t in latest}
     latest_names |= {t.history_name for t in latest} | {f"{t.history_name}__stored" for t in latest}
     parts: list[str] = []
+    counts: dict[tuple[str, str], int] = {}
+
+    def whole(name: str, what: str, table: str, relation: str) -> None:
+        path = lake.table_path(config.lake, table)
+        n = lake.row_count(path) if lake.exists(path) else None
+        if n is not None:
+            counts[(name, what)] = n
+        else:
+            parts.append(f"SELECT {_lit(name)} AS name, {_lit(what)} AS what, count(*) AS n FROM {q(relation)}")
+
     for name in names:
         if name == _STATE:
             parts.append(f"SELECT {_lit(name)} AS name, entry AS what, count(*) AS n FROM {q(name)} GROUP BY entry")
         elif name not in latest_names and "__" not in name:
-            parts.append(f"SELECT {_lit(name)} AS name, 'rows' AS what, count(*) AS n FROM {q(name)}")
+            whole(name, "rows", name, name)
     for t in latest:
-        parts.append(f"SELECT {_lit(t.name)} AS name, 'stored' AS what, count(*) AS n FROM {q(t.name + '__stored')}")
+        whole(t.name, "stored", t.name, t.name + "__stored")
         parts.append(f"SELECT {_lit(t.name)} AS name, IF(`_deleted`, 'tombstones', 'live') AS what, count(*) AS n "
                      f"FROM {q(t.name)} GROUP BY `_deleted`")
         if f"{t.name}__consistent_view" in present:
             parts.append(f"SELECT {_lit(t.name)} AS name, 'consistent' AS what, count(*) AS n FROM {q(t.name + '__consistent_view')}")
         if t.history and t.history_name in present:
             parts.append(f"SELECT {_lit(t.name)} AS name, 'versions' AS what, count(*) AS n FROM {q(t.history_name)}")
-    if not parts:
-        return {}
-    rows = spark.sql(" UNION ALL ".join(parts)).collect()
-    return {(r["name"], r["what"]): int(r["n"]) for r in rows}
+    if parts:
+        counts.update({(r["name"], r["what"]): int(r["n"]) for r in spark.sql(" UNION ALL ".join(parts)).collect()})
+    return counts
 
 
 COUNTS_FILE = "demo-counts.json"
