@@ -128,16 +128,20 @@ def add_actions(table: DeltaTable) -> pa.Table:
 
 def row_count(path: LakePath) -> int | None:
     """The table's rows from its log alone (the sum of its files' `numRecords`), or None when the log cannot say
-    (a file written without statistics; deletion vectors, which a file's count does not subtract).
+    (a file written without statistics; deletion vectors, which a file's count does not subtract; a table
+    delta-rs cannot read).
 
     Milliseconds through delta-rs, against ~0.7 s for Spark's `count(*)` of a small table (its snapshot, file
     skipping and count jobs): `cdc demo` counts a dozen tables that way after the pipeline."""
     import pyarrow.compute as pc
 
-    table = open_table(path)
-    if "deletionVectors" in (table.protocol().reader_features or []):
+    try:
+        table = open_table(path)
+        if "deletionVectors" in (table.protocol().reader_features or []):
+            return None
+        actions = add_actions(table)
+    except DeltaError:  # a table feature delta-rs cannot read: Spark counts it
         return None
-    actions = add_actions(table)
     if actions.num_rows == 0:
         return 0
     if "num_records" not in actions.column_names or actions.column("num_records").null_count:

@@ -89,3 +89,32 @@ def test_kept_handles_follow_the_table_and_notice_a_recreated_one(tmp_path: Path
     worker.start()
     worker.join()
     assert seen[0] is not lake.open_table(path), "threads never share a mutable handle"
+
+
+def test_row_count_reads_the_log_and_says_none_where_the_log_cannot_say(spark: Any, tmp_path: Path) -> None:
+    """A table's rows from its files' `numRecords`; None for files written without statistics and for a table
+    with deletion vectors (a file's count does not subtract its deleted rows), where `count(*)` must run."""
+    rows = [(i, f"v{i}") for i in range(7)]
+    counted = tmp_path / "counted"
+    spark.createDataFrame(rows, "id INT, v STRING").write.format("delta").save(str(counted))
+    spark.createDataFrame(rows[:3], "id INT, v STRING").write.format("delta").mode("append").save(str(counted))
+    assert lake.row_count(counted) == 10
+
+    empty = tmp_path / "empty"
+    spark.createDataFrame([], "id INT, v STRING").write.format("delta").save(str(empty))
+    assert lake.row_count(empty) == 0
+
+    unstated = tmp_path / "unstated"
+    spark.conf.set("spark.databricks.delta.stats.collect", "false")
+    try:
+        spark.createDataFrame(rows, "id INT, v STRING").write.format("delta").save(str(unstated))
+    finally:
+        spark.conf.unset("spark.databricks.delta.stats.collect")
+    assert lake.row_count(unstated) is None
+
+    deleted = tmp_path / "deleted"
+    spark.sql(f"CREATE TABLE delta.`{deleted}` (id INT, v STRING) USING delta TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.createDataFrame(rows, "id INT, v STRING").write.format("delta").mode("append").save(str(deleted))
+    spark.sql(f"DELETE FROM delta.`{deleted}` WHERE id < 2")
+    assert spark.read.format("delta").load(str(deleted)).count() == 5
+    assert lake.row_count(deleted) is None
