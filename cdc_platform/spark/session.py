@@ -144,7 +144,14 @@ SHORT_LIVED_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX
 #: compiling back (benchmarks/README.md, "C2's thresholds").
 #: Administrators' defaults (`defaultJavaOptions`): a user's `extraJavaOptions` come after them and win.
 LONG_LIVED_JIT = "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"
-JVM_DEFAULTS = {"spark.driver.defaultJavaOptions": LONG_LIVED_JIT, "spark.executor.defaultJavaOptions": LONG_LIVED_JIT}
+#: HotSpot never compiles a method over 8,000 bytes of bytecode (`DontCompileHugeMethods`): it runs interpreted
+#: for the JVM's life. Spark's whole-stage code for a Kafka batch's Avro decode and parse is one such method
+#: (8,758 bytes), and with the limit off that batch's split took 6.9 s against 8.6 s and `cdc run` 23.1 s
+#: against 24.8 s (`avro_vs_json.py --repeat 2`), while the JSON runs, a 1M-event `throughput.py` (211.5-212.0 s
+#: against 213.0-215.8 s) and steady small batches were unchanged, the JIT's CPU with them
+#: (benchmarks/README.md, "An eighth session on issue 44").
+COMPILE_HUGE_METHODS = "-XX:-DontCompileHugeMethods"
+JVM_DEFAULTS = {key: f"{LONG_LIVED_JIT} {COMPILE_HUGE_METHODS}" for key in ("spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions")}
 
 #: Where Spark runs when neither the config (`spark_master`), a flag (`--master`) nor spark-submit says.
 DEFAULT_MASTER = "local[2]"

@@ -161,17 +161,18 @@ def test_the_suites_session_keeps_both_jit_tiers_and_its_children_start_with_the
 
 def test_the_sessions_jvm_runs_with_the_platforms_c2_thresholds(spark: Any) -> None:
     """`session.JVM_DEFAULTS` reach the JVM PySpark launches (as `defaultJavaOptions`) and are the VM's values."""
-    from cdc_platform.spark.session import JVM_DEFAULTS, LONG_LIVED_JIT
+    from cdc_platform.spark.session import COMPILE_HUGE_METHODS, JVM_DEFAULTS, LONG_LIVED_JIT
 
     jvm = spark.sparkContext._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     flags = LONG_LIVED_JIT.split()
-    assert len(flags) == 4 and all(flag in arguments for flag in flags)
+    assert len(flags) == 4 and all(flag in arguments for flag in [*flags, COMPILE_HUGE_METHODS])
     diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
     for flag in flags:
         name, value = flag.removeprefix("-XX:").split("=")
         assert diagnostics.getVMOption(name).getValue() == value
+    assert diagnostics.getVMOption("DontCompileHugeMethods").getValue() == "false"  # methods over 8,000 bytes compile
     conf = spark.sparkContext.getConf()
     assert all(conf.get(key) == value for key, value in JVM_DEFAULTS.items())  # executors (a cluster's) get them too
 
