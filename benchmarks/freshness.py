@@ -91,11 +91,12 @@ class Feeder(threading.Thread):
         self.seconds = seconds
         spans: list[tuple[int, int, int, Path]] = []
         for topic in sorted(d for d in source.iterdir() if d.is_dir()):
+            last = 0  # a file with no stamp at all (tombstones, malformed lines) lands with the one before it
             for path in sorted(topic.glob("*.jsonl")):
                 text = path.read_text(encoding="utf-8")
                 stamps = [int(m.group(2)) for m in _SOURCE_TS.finditer(text)] + [int(m.group(2)) for m in _MARKER_TS.finditer(text)]
-                if stamps:
-                    spans.append((max(stamps), min(stamps), len(_SOURCE_TS.findall(text)), path))
+                last = max(stamps, default=last)
+                spans.append((last, min(stamps, default=last), len(_SOURCE_TS.findall(text)), path))
         spans.sort(key=lambda s: (s[0], str(s[3])))
         self.files = [s[3] for s in spans]
         self._span = {s[3]: (s[1], s[0], s[2]) for s in spans}
@@ -108,7 +109,7 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         spans = [self._span[p] for p in self.files]
-        first = min((s[0] for s in spans), default=0)
+        first = min((s[0] for s in spans if s[0]), default=0)  # 0: a file without stamps before any with them
         last = max((s[1] for s in spans), default=0)
         events = sum(s[2] for s in spans)
         # Workload ms -> feed ms: `events` change events over `events / rate` seconds.
@@ -121,7 +122,8 @@ class Feeder(threading.Thread):
             return int(start_ms + (ms - first) * scale)
 
         for path in self.files:
-            due = (mapped(self._span[path][1]) - start_ms) / 1000.0  # when the file's newest commit happens
+            newest = self._span[path][1]
+            due = (mapped(newest) - start_ms) / 1000.0 if newest else 0.0  # when the file's newest commit happens
             elapsed = time.perf_counter() - t0
             if due >= self.seconds:
                 break
