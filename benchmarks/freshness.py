@@ -402,18 +402,19 @@ def feed_and_poll(w: Any, landing: Path, args: argparse.Namespace, proc: subproc
         say(f"stream up and first rows visible after {time.perf_counter() - t0:.1f} s; feeding ...  [{load_average()}]")
         feeder = Feeder(w.landing, landing, args.rate, args.seconds)
         feeder.files = feeder.files[4:]
-        cpu_before = cpu_split(proc.pid)
+        cpu_before, window = cpu_split(proc.pid), time.perf_counter()
         feeder.start()
         while feeder.is_alive():
             for p in pollers:
                 p.poll()
             time.sleep(args.poll)
         cpu = {k: v - cpu_before[k] for k, v in cpu_split(proc.pid).items()}
+        window = time.perf_counter() - window  # the feed and the poll still running when it ended
         fed_for = feeder.finished_at - feeder.started_at
         say(f"feeder done: {feeder.events_written:,} change events ({feeder.lines_written:,} lines, {feeder.files_written} files) "
             f"in {fed_for:.1f} s = {feeder.events_written / fed_for:,.0f} events/s; "
             f"at most {feeder.behind_max:.1f} s behind schedule  [{load_average()}]")
-        say("CPU while feeding: " + ", ".join(f"{k} {v:.0f} s ({v / fed_for:.2f} cores)" for k, v in cpu.items()))
+        say(f"CPU while feeding ({window:.1f} s): " + ", ".join(f"{k} {v:.0f} s ({v / window:.2f} cores)" for k, v in cpu.items()))
         for p in pollers:
             p.drain(lambda: proc.poll() is None, args.poll)
         return feeder, warm_ids
