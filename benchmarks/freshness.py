@@ -94,9 +94,10 @@ class Feeder(threading.Thread):
             last = 0  # a file with no stamp at all (tombstones, malformed lines) lands with the one before it
             for path in sorted(topic.glob("*.jsonl")):
                 text = path.read_text(encoding="utf-8")
-                stamps = [int(m.group(2)) for m in _SOURCE_TS.finditer(text)] + [int(m.group(2)) for m in _MARKER_TS.finditer(text)]
+                changes = [int(m.group(2)) for m in _SOURCE_TS.finditer(text)]
+                stamps = changes + [int(m.group(2)) for m in _MARKER_TS.finditer(text)]
                 last = max(stamps, default=last)
-                spans.append((last, min(stamps, default=last), len(_SOURCE_TS.findall(text)), path))
+                spans.append((last, min(stamps, default=last), len(changes), path))
         spans.sort(key=lambda s: (s[0], str(s[3])))
         self.files = [s[3] for s in spans]
         self._span = {s[3]: (s[1], s[0], s[2]) for s in spans}

@@ -129,11 +129,18 @@ def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, 
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{location(path)}` ADD COLUMNS ({columns})")
         table = DeltaTable.forPath(spark, location(path))
-        named = (table.detail().select("properties").first()["properties"] or {}).get(STATS_COLUMNS_PROPERTY)
-        if named is not None and skipped is not None:  # a column added later gets statistics too, as it would without the list
-            widened = [c for c in skipped if c in set(named.split(",")) or c in {f.name for f in missing}]
-            spark.sql(f"ALTER TABLE delta.`{location(path)}` SET TBLPROPERTIES ('{STATS_COLUMNS_PROPERTY}' = '{','.join(widened)}')")
+        named = table_property(table, STATS_COLUMNS_PROPERTY) if skipped is not None else None
+        if named is not None:  # a column added later gets statistics too, as it would without the list
+            keep = set(named.split(",")) | {f.name for f in missing}
+            widened = ",".join(c for c in skipped if c in keep)
+            spark.sql(f"ALTER TABLE delta.`{location(path)}` SET TBLPROPERTIES ('{STATS_COLUMNS_PROPERTY}' = '{widened}')")
     return table
+
+
+def table_property(table: DeltaTable, key: str) -> str | None:
+    """One of a Delta table's properties (`DESCRIBE DETAIL`), None when unset."""
+    detail = table.detail().select("properties").first()
+    return None if detail is None else (detail["properties"] or {}).get(key)
 
 
 def ensure_tables(spark: SparkSession, tables: Sequence[tuple[LakePath | str, StructType, Sequence[str]]]) -> None:
@@ -304,8 +311,7 @@ def allow_any_column_names(spark: SparkSession, path: LakePath | str) -> None:
     (reader 2, writer 5) of one metadata commit; only tables that meet such a name pay it."""
     from delta.tables import DeltaTable
 
-    detail = DeltaTable.forPath(spark, location(path)).detail().select("properties").first()
-    if detail is not None and (detail["properties"] or {}).get("delta.columnMapping.mode") == "name":
+    if table_property(DeltaTable.forPath(spark, location(path)), "delta.columnMapping.mode") == "name":
         return
     spark.sql(
         f"ALTER TABLE delta.`{_path_identifier(path)}` SET TBLPROPERTIES "

@@ -314,6 +314,7 @@ _JVM_CLASSES: dict[tuple[int, str], Any] = {}
 
 def stop_spark() -> None:
     global _SESSION
+    _JVM_CLASSES.clear()  # a later session's gateway may reuse an id of this one's
     if _SESSION is not None:
         _SESSION.stop()
         _SESSION = None
