@@ -145,13 +145,16 @@ class StageQuery:
         version up to `raw_version`, so this query starts after it instead of folding the whole log again."""
         lake.write_json_atomic(self.checkpoint / "start.json", {"startingVersion": raw_version + 1})
 
-    def _starting_version(self) -> int | None:
+    def _starting_version(self, table: LakePath) -> int | None:
+        """Where a query without offsets starts reading `table`: after an upgraded lake's applied versions
+        (`note_upgrade`), else at version 0 when that reads what the current snapshot holds and the snapshot's
+        listing can be skipped (`lake.appends_from_version_zero`), else (None) at the current snapshot."""
         if (self.checkpoint / "offsets").is_dir():
             return None  # the checkpoint decides
         start = self.checkpoint / "start.json"
-        if not start.exists():
-            return None
-        return int(json.loads(start.read_text(encoding="utf-8"))["startingVersion"])
+        if start.exists():
+            return int(json.loads(start.read_text(encoding="utf-8"))["startingVersion"])
+        return 0 if lake.appends_from_version_zero(table) else None
 
     # -- the stream -----------------------------------------------------------------------------------
     def stream(self, spark: SparkSession) -> DataFrame:
@@ -160,7 +163,7 @@ class StageQuery:
 
         def read(name: str) -> DataFrame:
             reader = spark.readStream.format("delta").option("maxBytesPerTrigger", MAX_BYTES_PER_TRIGGER)
-            start = self._starting_version()
+            start = self._starting_version(self.path(name))
             if start is not None:
                 reader = reader.option("startingVersion", start)
             return reader.load(lake_spark.location(self.path(name)))

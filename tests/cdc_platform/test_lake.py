@@ -118,3 +118,23 @@ def test_row_count_reads_the_log_and_says_none_where_the_log_cannot_say(spark: A
     spark.sql(f"DELETE FROM delta.`{deleted}` WHERE id < 2")
     assert spark.read.format("delta").load(str(deleted)).count() == 5
     assert lake.row_count(deleted) is None
+
+
+def test_appends_from_version_zero_only_for_a_whole_log_of_appends(spark: Any, tmp_path: Path) -> None:
+    """A stage query starts a young raw log at version 0 only when its commits still say what its snapshot holds."""
+    from delta.tables import DeltaTable
+
+    path = tmp_path / "t"
+    assert not lake.appends_from_version_zero(path)  # no table
+    for i in range(3):
+        spark.createDataFrame([(i, "x")], "id BIGINT, v STRING").write.format("delta").mode("append").save(str(path))
+    assert lake.appends_from_version_zero(path)
+    assert not lake.appends_from_version_zero(path, most=2)  # a longer log is not read
+    DeltaTable.forPath(spark, str(path)).optimize().executeCompaction()  # removes files (dataChange false)
+    assert not lake.appends_from_version_zero(path)
+
+    cleaned = tmp_path / "cleaned"
+    for i in range(2):
+        spark.createDataFrame([(i, "x")], "id BIGINT, v STRING").write.format("delta").mode("append").save(str(cleaned))
+    (cleaned / "_delta_log" / f"{0:020d}.json").unlink()  # what log cleanup does to an old table's first commits
+    assert not lake.appends_from_version_zero(cleaned)

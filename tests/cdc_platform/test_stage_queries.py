@@ -89,6 +89,31 @@ def test_a_lake_whose_stages_ran_in_the_ingest_batch_starts_its_stage_queries_af
     assert not (stage_queries.checkpoint_dir(fresh, "latest_state") / "start.json").exists()
 
 
+@pytest.mark.parametrize("compacted", [False, True])
+def test_a_new_stage_query_reads_a_young_raw_log_from_its_commits_and_a_compacted_one_from_its_snapshot(make_config, query, monkeypatch, compacted) -> None:
+    """A stage query without offsets starts at the raw log's version 0 when every commit since is an append (no
+    listing of the snapshot's files), else at the current snapshot (a compaction removed files whose rows the
+    commits name); both land every event once."""
+    from delta.tables import DeltaTable
+
+    cfg = make_config(KEYS)
+    job = IngestJob(cfg, stages=[LatestStateStage()])
+    job.setup()
+    job.process_parsed(parsed([ev("c", pos=1, after={"id": 1, "v": "x"})]), 0, "q", drain=False)
+    job.process_parsed(parsed([ev("u", pos=2, after={"id": 1, "v": "y"}), ev("c", pos=3, after={"id": 2, "v": "z"})]), 1, "q", drain=False)
+    raw = lake.table_path(cfg.lake, "raw_change_events")
+    if compacted:
+        DeltaTable.forPath(_spark(), str(raw)).optimize().executeCompaction()
+    assert lake.appends_from_version_zero(raw) is not compacted
+    starts: list[int | None] = []
+    chosen = stage_queries.StageQuery._starting_version
+    monkeypatch.setattr(stage_queries.StageQuery, "_starting_version", lambda self, table: starts.append(chosen(self, table)) or starts[-1])
+    reports = job.drain_stages(_spark())
+    assert starts == [None if compacted else 0]
+    assert sum(r.change_events for r in reports) == 3
+    assert [(r["id"], r["v"]) for r in state(query, cfg, cols="id, v")] == [(1, "y"), (2, "z")]
+
+
 def test_the_views_mark_is_the_newest_ingest_time_the_fold_took(make_config) -> None:
     cfg = make_config(KEYS)
     job = IngestJob(cfg, stages=[LatestStateStage()])
