@@ -61,6 +61,11 @@ YOUNG_LOG_COMMITS = 200
 YOUNG_REMOTE_LOG_COMMITS = 10
 
 
+def _commit_file(path: LakePath, version: int) -> LakePath:
+    """The log file of the table's commit `version` (Delta names each by its zero-padded number)."""
+    return path / _DELTA_LOG / f"{version:020d}.json"
+
+
 def appends_from_version_zero(path: LakePath, most: int | None = None) -> bool:
     """Whether the table's log still holds every commit from version 0 (at most `most` of them) and none removed a file.
 
@@ -78,7 +83,7 @@ def appends_from_version_zero(path: LakePath, most: int | None = None) -> bool:
         if not versions or len(versions) > most or versions != list(range(len(versions))):
             return False
         for version in versions:
-            for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
+            for line in _commit_file(path, version).read_text(encoding="utf-8").splitlines():
                 if line.strip() and "remove" in json.loads(line):
                     return False
     except (OSError, ValueError):
@@ -103,7 +108,7 @@ def _log_stamp(path: LakePath, version: int) -> tuple[int, int] | None:
     if is_remote(path):
         return None
     try:
-        st = (path / "_delta_log" / f"{version:020d}.json").stat()
+        st = _commit_file(path, version).stat()
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size
