@@ -74,12 +74,28 @@ def spark_schema(schema: pa.Schema) -> StructType:
     return from_arrow_schema(schema)
 
 
-def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema) -> DataFrame:
-    """A small driver-side Arrow table (dead letters, a metrics row) as a DataFrame of `schema`.
+def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema | None = None) -> DataFrame:
+    """A small driver-side Arrow table (dead letters, a metrics row, a state) as a DataFrame of `schema` (default
+    its own).
 
-    Only for rows the driver made itself; event data never comes this way (see `ingest`).
+    Only for rows the driver made itself; event data never comes this way (see `ingest`). The table goes to
+    Spark as one record batch (`whole_batches`): pyspark 4.1's `createDataFrame` of an Arrow table silently drops
+    every batch that follows an empty one.
     """
-    return spark.createDataFrame(data.select(schema.names).cast(schema), schema=spark_schema(schema))
+    schema = data.schema if schema is None else schema
+    return spark.createDataFrame(whole_batches(data.select(schema.names).cast(schema)), schema=spark_schema(schema))
+
+
+def whole_batches(data: pa.Table) -> pa.Table:
+    """`data` without empty record batches, for `createDataFrame`: pyspark 4.1.4 reads an Arrow table's batches up
+    to the first empty one after a non-empty one and drops the rest, without an error (batches of 1, 0, 2 rows
+    give 1 row; tests/cdc_platform/test_lake_spark.py). A table concatenated from parts (the transaction state's
+    open rows, finished rows, stream and source rows, any of them empty) has such batches."""
+    import pyarrow as pa
+
+    # An empty table stays one empty batch: pyspark cannot make a column of no chunks at all.
+    batches = [b for b in data.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=data.schema)]
+    return pa.Table.from_batches(batches, schema=data.schema)
 
 
 def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:

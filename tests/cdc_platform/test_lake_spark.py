@@ -112,6 +112,19 @@ def test_a_log_with_a_commit_trace_is_never_cleared(spark: Any, tmp_path: Path) 
     assert crc.exists()
 
 
+def test_an_arrow_table_with_empty_batches_becomes_every_one_of_its_rows(spark: Any) -> None:
+    """pyspark 4.1's `createDataFrame` of an Arrow table drops the batches after an empty one; `from_arrow` does not."""
+    import pyarrow as pa
+
+    schema = pa.schema([("x", pa.int64())])
+    parts = [pa.table({"x": pa.array(range(n, n + k), pa.int64())}) for n, k in ((0, 1), (1, 0), (1, 0), (1, 2), (3, 1))]
+    data = pa.concat_tables(parts)
+    assert [b.num_rows for b in data.to_batches()] == [1, 0, 0, 2, 1]
+    assert sorted(r["x"] for r in lake_spark.from_arrow(spark, data, schema).collect()) == [0, 1, 2, 3]
+    assert lake_spark.from_arrow(spark, data).count() == 4
+    assert lake_spark.from_arrow(spark, schema.empty_table()).count() == 0
+
+
 def test_append_once_writes_a_batch_once_and_refuses_older_ones(spark: Any, table: Path) -> None:
     df = spark.createDataFrame([("a", D1, 1)], SCHEMA)
     assert lake_spark.append_once(df, table, "q:raw", 5) is True

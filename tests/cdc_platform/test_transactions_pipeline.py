@@ -20,6 +20,7 @@ from cdc_platform.parse.envelope import parse_line
 from cdc_platform.run.ingest import IngestJob
 from cdc_platform.parse.parsed_batches import rows_to_batch
 from cdc_platform.stages.stage import BatchContext, StageFailure
+from cdc_platform.stages.transactions import schemas as S
 from cdc_platform.stages.transactions import stage as tx_stage
 from tests.cdc_platform.test_transactions import COUNTS, KEYS, begin, end, ev
 
@@ -131,6 +132,20 @@ def test_a_crash_between_outputs_and_state_neither_loses_nor_repeats(make_config
     assert versions(cfg) == before, "a batch whose state is committed commits nothing again"
     restarted.process_parsed(parsed_table([ev("g:2", "charges", 110, 1, row=2), end("g:2", 1, {"shop.charges": 1})]), 1, "query-a")
     assert sorted(r["transaction_id"] for r in rows(cfg, T.TRANSACTIONS)) == ["g:1", "g:2"]
+
+
+def test_the_state_table_keeps_each_streams_clock_for_the_next_process(make_config: Callable[..., PlatformConfig], spark: Any) -> None:
+    """The state's stream and source rows follow its open rows, and any part can be empty: all of them land, so a
+    new process (or the Spark stage after a batch on the driver) reads the clocks it judges expiry by."""
+    cfg = make_config(TABLES)
+    job = IngestJob(cfg, stages=[T.TransactionStage()])
+    job.setup()
+    job.process_parsed(parsed_table([begin("g:1", 1), ev("g:1", "charges", 101, 1)]), 0, "query-a")
+    state = rows(cfg, T.OPEN_TRANSACTIONS)
+    assert sorted((r["entry"], r["stream"] or r["transaction_id"]) for r in state if r["entry"] != S.SOURCE) == [
+        (T.OPEN, "g:1"), (S.STREAM, S.MARKERS_STREAM), (S.STREAM, "shop.charges")]
+    held = T.TransactionStage()._load(cfg)
+    assert set(held.progress) == {S.MARKERS_STREAM, "shop.charges"}
 
 
 def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(make_config: Callable[..., PlatformConfig], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -134,7 +134,7 @@ def stored_lookup(spark: SparkSession, path: Path, key_columns: Sequence[str], k
         return {}
     cols = [c for c in columns if c in names and c not in key_columns]
     meta = ["_position", "_seq", "_deleted", "_event_id", "_op"]
-    wanted = spark.createDataFrame(keys.select(list(key_columns)))
+    wanted = lake_spark.from_arrow(spark, keys.select(list(key_columns)))
     quoted = [F.col(lake.quote_identifier(c)) for c in [*key_columns, *cols, *meta]]
     rows = stored.join(wanted, on=list(key_columns), how="left_semi").select(*quoted).toArrow()
     absent = None
