@@ -237,16 +237,21 @@ class StageQuery:
 
     def _run_stage(self, batch: SparkBatch, ctx: BatchContext) -> tuple[StageResult, float]:
         t = time.perf_counter()
-        if callable(getattr(self.stage, "run", None)):
-            result = run_spark_stage(self.stage, batch, ctx)  # type: ignore[arg-type]
+        pick = getattr(self.stage, "driver_stage_for", None)
+        twin: Stage | None = pick(batch, ctx) if callable(pick) else None  # a small batch a Spark stage runs on the driver
+        stage = twin or self.stage
+        if twin is None and callable(getattr(stage, "run", None)):
+            result = run_spark_stage(stage, batch, ctx)  # type: ignore[arg-type]
         else:
-            parsed = _driver_batch(batch, getattr(self.stage, "driver_columns", None))
+            parsed = _driver_batch(batch, getattr(stage, "driver_columns", None))
             isolated: list[pa.Table] = []
 
             def write_isolated(rows: pa.Table, _stage_name: str) -> None:
                 isolated.append(rows)
 
-            result = run_stage(self.stage, parsed, ctx, write_isolated)  # type: ignore[arg-type]
+            result = run_stage(stage, parsed, ctx, write_isolated)  # type: ignore[arg-type]
+            if twin is not None:
+                result.figures["driver_batches"] = 1.0
             if isolated:  # written with the stage's own dead letters, under one guard
                 result.dead_letters = pa.concat_tables([*isolated, *([result.dead_letters] if result.dead_letters is not None else [])])
             if result.dead_letters is not None and result.dead_letters.num_rows:

@@ -145,6 +145,10 @@ class SparkStage(Protocol):
     `run` commits exactly once per (query id, batch id), like `Stage.commit`, and keeps one bad event
     from stopping the lake itself (see `latest_state.staging`); it raises `StageFailure` for a failure
     that is not about events.
+
+    A Spark stage may also define `driver_stage_for(batch, ctx) -> Stage | None`: a driver-side `Stage` that
+    lands the same rows, for a batch small enough that collecting it costs less than the executors' fixed
+    cost of a batch (their jobs, Python workers and broadcasts); None runs the batch on the executors.
     """
 
     name: str

@@ -9,6 +9,7 @@ crash before the state commit, poison set aside on the executors, idle expiry.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from cdc_platform import lake
 from cdc_platform.stages import transactions as T
 from cdc_platform.config import PlatformConfig
 from cdc_platform.run.ingest import IngestJob
-from cdc_platform.stages.stage import STAGE_ERROR, BatchContext, StageFailure
+from cdc_platform.stages.stage import STAGE_ERROR, BatchContext, SparkBatch, StageFailure
 from cdc_platform.stages.transactions import spark_stage as S
 from tests.cdc_platform.test_transactions import COUNTS, begin, end, ev, whole
 from tests.cdc_platform.test_transactions_buckets import random_batches
@@ -29,6 +30,12 @@ from tests.cdc_platform.test_transactions_buckets import random_batches
 TABLES = {"shop.charges": {"key": ["id"]}, "shop.audits": {"key": ["id"]}, "public.accounts": {"key": ["id"]}}
 #: Wall-clock stamps (`now` of each run): the only columns two runs may differ in.
 WALL_CLOCK = {"completed_at", "detected_at", "expired_at", "updated_at"}
+
+
+def on_executors(**options: Any) -> S.SparkTransactionStage:
+    """The Spark stage with every batch on the executors: these tests' batches are small enough that it would
+    run them on the driver stage (`driver_stage_for`), which is what they compare it with."""
+    return S.SparkTransactionStage(small_batch_rows=0, **options)
 
 
 def table_rows(cfg: PlatformConfig, name: str) -> list[str]:
@@ -73,11 +80,39 @@ def test_the_spark_stage_lands_what_the_driver_stage_lands_on_random_batches(
     batches = [sum(windows[i:i + 2], []) for i in range(0, len(windows), 2)]
     on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
     batch_by_batch(cfg, T.TransactionStage(), batches)
-    reports = batch_by_batch(on_spark, S.SparkTransactionStage(buckets=3), batches)
+    reports = batch_by_batch(on_spark, on_executors(buckets=3), batches)
     assert len(reports) >= 4
     for name in T.TABLE_SCHEMAS:
         assert table_rows(on_spark, name) == table_rows(cfg, name), name
     assert table_rows(cfg, T.TRANSACTIONS) and table_rows(cfg, T.INCOMPLETE) and table_rows(cfg, T.LATE), "every output is exercised"
+
+
+def test_a_stream_switching_between_driver_and_executors_lands_what_the_driver_stage_lands(
+    make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any
+) -> None:
+    """The Spark stage runs a small batch on the driver stage and a bigger one on the executors: the random
+    batches of the first test, with the threshold between their sizes, switch between the two (each taking
+    the state the other committed) and land what the driver stage alone lands."""
+    from cdc_platform.stages.stage import PROGRESS
+
+    cfg = make_config(TABLES)
+    windows = [lines for lines, idle in random_batches(2) if lines and not idle]
+    batches = [sum(windows[i:i + 2], []) for i in range(0, len(windows), 2)]
+    sizes = sorted(len(lines) for lines in batches)
+    mixed = dataclasses.replace(cfg, lake=tmp_path / "lake-mixed")
+    batch_by_batch(cfg, T.TransactionStage(), batches)
+    batch_by_batch(mixed, S.SparkTransactionStage(buckets=3, small_batch_rows=sizes[len(sizes) // 2]), batches)
+    for name in T.TABLE_SCHEMAS:
+        assert table_rows(mixed, name) == table_rows(cfg, name), name
+    progress = lake.open_table(lake.table_path(mixed.lake, PROGRESS)).to_pyarrow_table().to_pylist()
+    ran = [dict(r["stage_figures"]).get("transactions.driver_batches", 0.0) for r in progress if r["query"] == "transactions"]
+    assert 0 < sum(ran) < len(ran), f"both ways were taken: {ran}"
+    # A small batch over a state holding more transactions than `small_state_rows` stays on the executors.
+    one = SparkBatch(99, spark.range(0), spark.range(0), frozenset(), dt.datetime.now(dt.timezone.utc), event_count=1, marker_count=0)
+    ctx = BatchContext(mixed, "q", 99)
+    assert isinstance(S.SparkTransactionStage().driver_stage_for(one, ctx), T.TransactionStage)
+    assert S.SparkTransactionStage(small_state_rows=0).driver_stage_for(one, ctx) is None
+    assert on_executors().driver_stage_for(one, ctx) is None
 
 
 def test_events_without_a_source_time_still_move_the_watermark(
@@ -91,7 +126,7 @@ def test_events_without_a_source_time_still_move_the_watermark(
     land_batches(tmp_path, [[json.dumps(untimed)]])
     on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
     IngestJob(cfg, stages=[T.TransactionStage()]).run_available_now(spark)
-    IngestJob(on_spark, stages=[S.SparkTransactionStage()]).run_available_now(spark)
+    IngestJob(on_spark, stages=[on_executors()]).run_available_now(spark)
     assert table_rows(on_spark, T.WATERMARK) == table_rows(cfg, T.WATERMARK)
     assert [json.loads(r)["position"] for r in table_rows(cfg, T.WATERMARK)] == [f"{1:010d}{700:020d}{0:010d}"]
 
@@ -115,11 +150,11 @@ def test_a_batch_without_transactions_skips_the_fold_only_while_none_is_held(
     on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
     first = [[ev(None, "charges", 700, 1, row=70), ev(None, "audits", 701, 2, row=71)], whole("tx1", 710, 3)]
     batch_by_batch(cfg, T.TransactionStage(), first)
-    batch_by_batch(on_spark, S.SparkTransactionStage(), first)
+    batch_by_batch(on_spark, on_executors(), first)
     assert folded == [1], "the plain batch folded nothing; the transaction's batch folded"
     late = [ev(None, "charges", 720, 4, row=72)]
     IngestJob(cfg, stages=[T.TransactionStage()]).process_parsed(parsed(cfg, late), 2, "q")  # a new process
-    IngestJob(on_spark, stages=[S.SparkTransactionStage()]).process_parsed(parsed(cfg, late), 2, "q")
+    IngestJob(on_spark, stages=[on_executors()]).process_parsed(parsed(cfg, late), 2, "q")
     assert folded == [1, 2], "tx1's finished record is held: the next plain batch folds"
     for name in T.TABLE_SCHEMAS:
         assert table_rows(on_spark, name) == table_rows(cfg, name), name
@@ -165,11 +200,11 @@ def test_a_crash_before_the_state_commit_replays_without_loss_or_repeat(
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS), begin("g:2", 1)])
     real = crash_before_the_state_commit(monkeypatch)
     with pytest.raises(StageFailure, match="killed before the state commit"):
-        IngestJob(cfg, stages=[S.SparkTransactionStage()]).run_available_now(spark)
+        IngestJob(cfg, stages=[on_executors()]).run_available_now(spark)
     assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "the outputs committed"
     monkeypatch.setattr(S, "_write", real)
 
-    restarted = IngestJob(cfg, stages=[S.SparkTransactionStage()])  # a new process: nothing cached; Spark replays the batch
+    restarted = IngestJob(cfg, stages=[on_executors()])  # a new process: nothing cached; Spark replays the batch
     restarted.run_available_now(spark)
     assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "not twice"
     assert ids(cfg, T.OPEN_TRANSACTIONS, T.OPEN) == ["g:2"]
@@ -193,7 +228,7 @@ def test_an_event_a_bucket_cannot_take_is_a_dead_letter_with_its_line_and_the_re
     bad = ev("g:2", "charges", 201, 2, row=2)
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1), ev("g:1", "audits", 102, 1, order=2), end("g:1", 1, COUNTS),
                 ev(None, "charges", 150, 1.5, row=3), bad])
-    report = IngestJob(cfg, stages=[S.SparkTransactionStage(probe=poison_at_201)]).run_available_now(spark)
+    report = IngestJob(cfg, stages=[on_executors(probe=poison_at_201)]).run_available_now(spark)
     (dead,) = query(cfg, "SELECT * FROM dead_letter")
     assert dead["reason_code"] == STAGE_ERROR and dead["stage"] == "transactions" and dead["line"] == bad
     assert "KeyError: 'poison'" in dead["reason"] and dead["table_id"] == "shop.charges" and dead["event_id"]
@@ -207,7 +242,7 @@ def test_a_quiet_stream_expires_open_transactions_by_idle_time_and_a_later_end_i
     monkeypatch.setattr(S, "IDLE_EVERY_SECONDS", 0.0)
     cfg = make_config(TABLES, transaction_timeout=1)
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
-    stage = S.SparkTransactionStage()
+    stage = on_executors()
     job = IngestJob(cfg, stages=[stage])
     job.run_available_now(spark)
     ctx = BatchContext(cfg, job.query_id(), 0)
@@ -236,7 +271,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(
 
     monkeypatch.setattr(S.lake_spark, "read", spy)
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
-    job = IngestJob(cfg, stages=[S.SparkTransactionStage()])
+    job = IngestJob(cfg, stages=[on_executors()])
     job.run_available_now(spark)
     assert incomplete_reads == [], "nothing was open before the batch: no orphan can exist, and no join looks for one"
     real = crash_before_the_state_commit(monkeypatch)
@@ -246,7 +281,7 @@ def test_an_interrupted_idle_expiry_is_honoured_after_a_restart(
     assert ids(cfg, T.OPEN_TRANSACTIONS, T.OPEN) == ["g:1"], "the state still holds it open"
 
     land(None, [end("g:1", 1, {"shop.charges": 1})])
-    IngestJob(cfg, stages=[S.SparkTransactionStage()]).run_available_now(spark)  # a new process
+    IngestJob(cfg, stages=[on_executors()]).run_available_now(spark)  # a new process
     assert len(incomplete_reads) == 1, "with g:1 open, the new process looks for orphans once"
     rows = lake.open_table(lake.table_path(cfg.lake, T.INCOMPLETE)).to_pyarrow_table().to_pylist()
     assert [(r["transaction_id"], r["expired_by"]) for r in rows] == [("g:1", T.PROCESSING_TIME)]
