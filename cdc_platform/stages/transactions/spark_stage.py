@@ -77,7 +77,8 @@ BUCKET = "_bucket"
 #: runs the driver stage's step (`TransactionStage`, the same `settle`, landing the same rows) instead of the
 #: executors' buckets: collecting it costs less than the cogroup's fixed cost (its Python workers, the summaries'
 #: collect, the watermark's aggregate and the decoded writes). Measured on a new lake, 66 lines of 20
-#: transactions: the stage's batch 2.3-2.5 s against 3.4 s on the executors (benchmarks/README.md).
+#: transactions: the stage's batch 2.9 s against 3.5-3.7 s on the executors; at ~300 lines the two were level
+#: (benchmarks/README.md, "A tenth session on issue 44").
 SMALL_BATCH_ROWS = 100
 #: Above this many held transactions (open ones, and finished ones remembered for lateness) the driver would read
 #: the whole state to take a small batch: the executors' fold reads only the buckets it needs.
