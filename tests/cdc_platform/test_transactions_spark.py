@@ -74,36 +74,27 @@ def test_the_spark_stage_lands_what_the_driver_stage_lands_on_random_batches(
 
     The generator's 20 non-empty windows are landed two at a time: 10 batches, each a Spark job per stage
     (the test's cost), that make exactly the decisions the 20 make (the pure step over both: 14 completed,
-    40 incomplete of all four reasons, 26 late of both fates) and still carry state across batches."""
-    cfg = make_config(TABLES)
-    windows = [lines for lines, idle in random_batches(2) if lines and not idle]
-    batches = [sum(windows[i:i + 2], []) for i in range(0, len(windows), 2)]
-    on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
-    batch_by_batch(cfg, T.TransactionStage(), batches)
-    reports = batch_by_batch(on_spark, on_executors(buckets=3), batches)
-    assert len(reports) >= 4
-    for name in T.TABLE_SCHEMAS:
-        assert table_rows(on_spark, name) == table_rows(cfg, name), name
-    assert table_rows(cfg, T.TRANSACTIONS) and table_rows(cfg, T.INCOMPLETE) and table_rows(cfg, T.LATE), "every output is exercised"
+    40 incomplete of all four reasons, 26 late of both fates) and still carry state across batches.
 
-
-def test_a_stream_switching_between_driver_and_executors_lands_what_the_driver_stage_lands(
-    make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any
-) -> None:
-    """The Spark stage runs a small batch on the driver stage and a bigger one on the executors: the random
-    batches of the first test, with the threshold between their sizes, switch between the two (each taking
-    the state the other committed) and land what the driver stage alone lands."""
+    Twice on Spark: every batch on the executors, and with the small-batch threshold at the batches' median
+    size, so the stream switches between the driver stage and the executors (each taking the state the other
+    committed); both lakes must equal the driver stage's."""
     from cdc_platform.stages.stage import PROGRESS
 
     cfg = make_config(TABLES)
     windows = [lines for lines, idle in random_batches(2) if lines and not idle]
     batches = [sum(windows[i:i + 2], []) for i in range(0, len(windows), 2)]
     sizes = sorted(len(lines) for lines in batches)
+    on_spark = dataclasses.replace(cfg, lake=tmp_path / "lake-spark")
     mixed = dataclasses.replace(cfg, lake=tmp_path / "lake-mixed")
     batch_by_batch(cfg, T.TransactionStage(), batches)
+    reports = batch_by_batch(on_spark, on_executors(buckets=3), batches)
     batch_by_batch(mixed, S.SparkTransactionStage(buckets=3, small_batch_rows=sizes[len(sizes) // 2]), batches)
+    assert len(reports) >= 4
     for name in T.TABLE_SCHEMAS:
+        assert table_rows(on_spark, name) == table_rows(cfg, name), name
         assert table_rows(mixed, name) == table_rows(cfg, name), name
+    assert table_rows(cfg, T.TRANSACTIONS) and table_rows(cfg, T.INCOMPLETE) and table_rows(cfg, T.LATE), "every output is exercised"
     progress = lake.open_table(lake.table_path(mixed.lake, PROGRESS)).to_pyarrow_table().to_pylist()
     ran = [dict(r["stage_figures"]).get("transactions.driver_batches", 0.0) for r in progress if r["query"] == "transactions"]
     assert 0 < sum(ran) < len(ran), f"both ways were taken: {ran}"
