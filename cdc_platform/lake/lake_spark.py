@@ -78,24 +78,18 @@ def from_arrow(spark: SparkSession, data: pa.Table, schema: pa.Schema | None = N
     """A small driver-side Arrow table (dead letters, a metrics row, a state) as a DataFrame of `schema` (default
     its own).
 
-    Only for rows the driver made itself; event data never comes this way (see `ingest`). The table goes to
-    Spark as one record batch (`whole_batches`): pyspark 4.1's `createDataFrame` of an Arrow table silently drops
-    every batch that follows an empty one.
+    Only for rows the driver made itself; event data never comes this way (see `ingest`). Empty record batches
+    are left out first: pyspark 4.1.4's `createDataFrame` of an Arrow table drops, without an error, every batch
+    after an empty one (batches of 1, 0, 2 rows give 1 row; tests/cdc_platform/test_lake_spark.py), and a table
+    concatenated from parts (the transaction state's open, finished, stream and source rows) has such batches.
     """
-    schema = data.schema if schema is None else schema
-    return spark.createDataFrame(whole_batches(data.select(schema.names).cast(schema)), schema=spark_schema(schema))
-
-
-def whole_batches(data: pa.Table) -> pa.Table:
-    """`data` without empty record batches, for `createDataFrame`: pyspark 4.1.4 reads an Arrow table's batches up
-    to the first empty one after a non-empty one and drops the rest, without an error (batches of 1, 0, 2 rows
-    give 1 row; tests/cdc_platform/test_lake_spark.py). A table concatenated from parts (the transaction state's
-    open rows, finished rows, stream and source rows, any of them empty) has such batches."""
     import pyarrow as pa
 
+    schema = data.schema if schema is None else schema
+    data = data.select(schema.names).cast(schema)
     # An empty table stays one empty batch: pyspark cannot make a column of no chunks at all.
-    batches = [b for b in data.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=data.schema)]
-    return pa.Table.from_batches(batches, schema=data.schema)
+    batches = [b for b in data.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=schema)]
+    return spark.createDataFrame(pa.Table.from_batches(batches, schema=schema), schema=spark_schema(schema))
 
 
 def ensure_table(spark: SparkSession, path: LakePath | str, schema: StructType, partition_by: Sequence[str] = ()) -> DeltaTable:

@@ -239,10 +239,10 @@ class StageQuery:
         t = time.perf_counter()
         pick = getattr(self.stage, "driver_stage_for", None)
         twin: Stage | None = pick(batch, ctx) if callable(pick) else None  # a small batch a Spark stage runs on the driver
-        stage = twin or self.stage
-        if twin is None and callable(getattr(stage, "run", None)):
-            result = run_spark_stage(stage, batch, ctx)  # type: ignore[arg-type]
+        if twin is None and callable(getattr(self.stage, "run", None)):
+            result = run_spark_stage(self.stage, batch, ctx)  # type: ignore[arg-type]
         else:
+            stage = twin or self.stage
             parsed = _driver_batch(batch, getattr(stage, "driver_columns", None))
             isolated: list[pa.Table] = []
 
