@@ -44,7 +44,6 @@ MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
 MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
 
 _INTEGERS = ("tinyint", "smallint", "int", "bigint")
-_NEGATE = "^(.*?)([1-9A-F])(0*)$"  # a hex number's last non-zero digit, what precedes it and the zeros after it
 
 
 def extracted_type(spark_type: str) -> str:
@@ -138,7 +137,7 @@ def value_sql(spark_type: str, value: str, decl: str, image: str, column: str) -
         return f"CAST(try_cast({value} AS DOUBLE) AS FLOAT)"  # through a double, as Python rounds
     if spark_type.startswith("decimal"):
         scale = _scale(decl)
-        base64 = f"try_cast(concat({_unscaled(_string(value))}, 'E', -{scale}) AS {spark_type})"
+        base64 = f"try_cast({_plain(_string(value), scale)} AS {spark_type})"
         # A number the VARIANT holds as a double (written with an exponent, or of more than 38 digits) is read
         # again from the image's text straight into the decimal, digit for digit.
         exact = f"from_json({image}, {sql_string(f'STRUCT<{q(column)}: {spark_type}>')}).{q(column)}"
@@ -169,37 +168,23 @@ def _scale(decl: str) -> str:
 
 
 def _let(value: str, body: str, name: str = "__v") -> str:
-    """`body` with `name` bound to `value`, evaluated once (the Java call in `_unscaled` is not deterministic
-    to Spark, so it would not share repeated copies)."""
+    """`body` with `name` bound to `value`, evaluated once (a value read again from the image, or a Java call,
+    which Spark does not share between copies)."""
     return f"element_at(transform(array({value}), {name} -> {body}), 1)"
 
 
-def _unscaled(base64: str) -> str:
-    """The decimal text of a Connect Decimal's unscaled value: big-endian two's complement bytes in base64.
-
-    Of any length (a VariableScaleDecimal or a 60-digit numeric), so not through Spark's 38-digit
-    decimals: the hex digits go to Scala's `BigInt(text, 16)`, a static method `try_reflect` can call;
-    a negative number's magnitude is its two's complement, formed on the hex text.
-    """
-    magnitude = (f"concat(translate(regexp_extract(__v, '{_NEGATE}', 1), '0123456789ABCDEF', 'FEDCBA9876543210'), "
-                 f"substr('0FEDCBA987654321', CAST(conv(regexp_extract(__v, '{_NEGATE}', 2), 16, 10) AS INT) + 1, 1), "
-                 f"regexp_extract(__v, '{_NEGATE}', 3))")
-    body = (f"CASE WHEN __v = '' THEN '0' WHEN left(__v, 1) < '8' THEN try_reflect('scala.math.BigInt', 'apply', __v, 16) "
-            f"ELSE concat('-', try_reflect('scala.math.BigInt', 'apply', {magnitude}, 16)) END")
-    return _let(f"hex(try_to_binary({base64}, 'base64'))", body)
+#: The JVM class (jvm/parser/, in every session's `spark.jars`) that writes a Connect decimal as exact text: `cdc serve`'s
+#: Spark Connect and JDBC sessions load it too (`test_serve.py` queries the views' SQL through both).
+DECIMAL_CLASS = "cdc.platform.views.ConnectDecimal"
 
 
-def _plain(unscaled: str, scale: str) -> str:
-    """Python's `format(Decimal(unscaled).scaleb(-scale), 'f')`: the number written out, `scale` digits after the point.
-
-    The scale is bound once (`__sc`): it is used eight times, and every copy of an expression is analysed and
-    optimised again on each query of a view."""
-    digits = "regexp_replace(__v, '^-', '')"
-    padded = f"lpad({digits}, greatest(length({digits}), __sc + 1), '0')"
-    body = (f"CASE WHEN __sc > 0 THEN concat(IF(left(__v, 1) = '-', '-', ''), substr({padded}, 1, length({padded}) - __sc), '.', "
-            f"substr({padded}, length({padded}) - __sc + 1)) "
-            f"WHEN __sc = 0 OR __v = '0' THEN __v ELSE concat(__v, repeat('0', -__sc)) END")
-    return _let(scale, _let(unscaled, body), name="__sc")
+def _plain(base64: str, scale: str) -> str:
+    """A Connect Decimal's unscaled value (big-endian two's complement bytes in base64) at `scale`, as Python's
+    `format(Decimal(unscaled).scaleb(-scale), 'f')` writes it: of any length (a VariableScaleDecimal, a 60-digit
+    numeric), so not through Spark's 38-digit decimals. A static Java method (`ConnectDecimal.plain`) through
+    `try_reflect`, not SQL: written in SQL it was ~2 KB per column, which Spark analysed and optimised on every
+    query of a view (a point lookup on a full view spent 0.15-0.2 s of its ~1 s planning them)."""
+    return f"try_reflect('{DECIMAL_CLASS}', 'plain', {base64}, {scale})"
 
 
 def _text(value: str, decl: str, image: str, column: str) -> str:
@@ -208,9 +193,9 @@ def _text(value: str, decl: str, image: str, column: str) -> str:
     whose JSON form (base64 string or number) is read again from the image as a VARIANT."""
     # The image read again as a VARIANT, bound once (`__j`) in each branch that needs it.
     variant = f"from_json({image}, {sql_string(f'STRUCT<{q(column)}: VARIANT>')}).{q(column)}"
-    vsd = _plain(_unscaled("try_variant_get(__j, '$.value', 'string')"), "try_variant_get(__j, '$.scale', 'int')")
+    vsd = _plain("try_variant_get(__j, '$.value', 'string')", "try_variant_get(__j, '$.scale', 'int')")
     scale = _scale(decl)
-    wide = (f"CASE WHEN schema_of_variant(__j) = 'STRING' THEN {_plain(_unscaled(_string('__j')), scale)} "
+    wide = (f"CASE WHEN schema_of_variant(__j) = 'STRING' THEN {_plain(_string('__j'), scale)} "
             f"ELSE {_quantized('__j', f'greatest({scale}, 0)')} END")
     return (f"CASE WHEN {value} IS NULL THEN NULL WHEN {_named(decl, _VARIABLE_SCALE_DECIMAL, 'struct')} THEN {_let(variant, vsd, name='__j')} "
             f"WHEN {_named(decl, _DECIMAL, 'bytes')} THEN {_let(variant, wide, name='__j')} ELSE {value} END")
@@ -219,23 +204,14 @@ def _text(value: str, decl: str, image: str, column: str) -> str:
 def _quantized(variant: str, scale: str) -> str:
     """A Decimal sent as a JSON number (decimal.format=NUMERIC) as exact text with `scale` digits after
     the point, as Python's `quantize` and `format` write it; NULL where that would drop a digit (Python
-    refuses the value). The number is read from the VARIANT, which holds a plain number of up to 38
-    digits exactly and any other (more digits, or an exponent, as the raw log writes 1E-27) as a double:
-    such a value is NULL here, a known gap (the full view has its digits). Spark reads a JSON number
-    exactly only into a decimal of a scale fixed in the query, which a column wider than Spark's decimals
-    does not have; the gap needs both the non-default decimal.format=NUMERIC and a column of more than
-    38 digits."""
-    number = "'^(-?)([0-9]*)(?:[.]([0-9]*))?(?:[eE]([+-]?[0-9]+))?$'"
-    parts = (f"named_struct('sign', regexp_extract(__v, {number}, 1), "
-             f"'digits', concat(regexp_extract(__v, {number}, 2), regexp_extract(__v, {number}, 3)), "
-             f"'scale', length(regexp_extract(__v, {number}, 3)) - CAST(coalesce(nullif(regexp_extract(__v, {number}, 4), ''), '0') AS INT))")
-    parsed = _let(f"IF({_string(variant)} RLIKE {number}, {_string(variant)}, NULL)", parts)
-    cut = "__n.scale - __s"
-    unscaled = (f"CASE WHEN __n.scale <= __s THEN concat(__n.digits, repeat('0', __s - __n.scale)) "
-                f"WHEN right(__n.digits, {cut}) RLIKE '^0*$' THEN left(__n.digits, length(__n.digits) - ({cut})) END")
-    signed = _let(unscaled, "IF(__u IS NULL, NULL, concat(__n.sign, coalesce(nullif(regexp_replace(__u, '^0+', ''), ''), '0')))", name="__u")
-    body = _let(scale, _plain(signed, "__s"), name="__s")
-    return f"CASE WHEN schema_of_variant({variant}) = 'DOUBLE' THEN NULL ELSE {_let(parsed, body, name='__n')} END"
+    refuses the value; `ConnectDecimal.quantized`). The number is read from the VARIANT, which holds a
+    plain number of up to 38 digits exactly and any other (more digits, or an exponent, as the raw log
+    writes 1E-27) as a double: such a value is NULL here, a known gap (the full view has its digits).
+    Spark reads a JSON number exactly only into a decimal of a scale fixed in the query, which a column
+    wider than Spark's decimals does not have; the gap needs both the non-default decimal.format=NUMERIC
+    and a column of more than 38 digits."""
+    return (f"CASE WHEN schema_of_variant({variant}) = 'DOUBLE' THEN NULL "
+            f"ELSE try_reflect('{DECIMAL_CLASS}', 'quantized', {_string(variant)}, {scale}) END")
 
 
 def _timestamp(value: str, decl: str) -> str:
