@@ -5,8 +5,10 @@ same topic prefix: one with Kafka Connect's JSON converter (`schemas.enable=true
 Avro converter writing to the bed's schema registry, its records routed to `avro.<topic>`. A writer
 commits `--events` row changes (inserts, then an update of each row, in transactions of `--tx-rows`);
 once both topics hold every record, `IngestJob(config).run_available_now(spark)` (what `cdc run` does)
-reads each into a fresh lake, the two alternating (`--repeat`), and the rates are printed side by side
-with the load average (the first run of a session also pays its warm-up: compare `--repeat 2`). Before
+reads each into a fresh lake, the two alternating (`--repeat`: json avro, avro json, json avro ..., so
+neither format always runs warmer), and the rates are printed side by side with the load average. The first
+`--warmup` runs of each format are printed but left out of the medians compared at the end: the first run of
+a session pays the JVM's warm-up (its JIT, Janino's classes), which fell on JSON alone before. Before
 the runs, the Avro topic's records are decoded alone (the registry
 lookups, `from_avro` and the JSON text the parser reads; no parse, no writes) to show what decoding
 costs apart from the rest, once learning the batch's ids first and once with the topic's subjects read
@@ -14,13 +16,14 @@ up front (what a stream does); each run prints how many of its batches were deco
 
     .venv/bin/python benchmarks/avro_vs_json.py                     # 100,000 change events, once each
     .venv/bin/python benchmarks/avro_vs_json.py --events 20000      # quick look
-    .venv/bin/python benchmarks/avro_vs_json.py --events 200000 --repeat 2
+    .venv/bin/python benchmarks/avro_vs_json.py --events 200000 --repeat 4   # four of each after the warm-up
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -110,7 +113,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=100_000, help="row changes written (half inserts, half updates)")
     parser.add_argument("--tx-rows", type=int, default=500, help="rows per source transaction")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each format, alternating")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each format, alternating, after the warm-up")
+    parser.add_argument("--warmup", type=int, default=1, help="runs of each format before, left out of the medians")
     parser.add_argument("--jfr", type=Path, help="record the Spark JVM with Java Flight Recorder into this folder "
                                                  "(benchmarks/jfr_summary.py reads it; the test bed's JVMs are not recorded)")
     parser.add_argument("--save-records", type=Path, help="also write both topics' records (key, value, topic, partition, offset) "
@@ -164,7 +168,9 @@ def main() -> int:
             f"(subjects and planning {ids:.1f} s, the text {made:.1f} s), {changes / (ids + made):,.0f} records/s   [{load_average()}]")
 
         rates: dict[str, list[float]] = {"json": [], "avro": []}
-        for i, fmt in enumerate(alternating(["json", "avro"], args.repeat)):
+        order = alternating(["json", "avro"], args.warmup + args.repeat)
+        for i, fmt in enumerate(order):
+            counted = i >= 2 * args.warmup
             topics = [avro_topic, f"avro.{PREFIX}.transaction"] if fmt == "avro" else [json_topic, f"{PREFIX}.transaction"]
             cfg = lake_config(root / f"{fmt}-{i}", bed, topics, avro=fmt == "avro")
             say(f"cdc run, {fmt}: starting at {time.strftime('%H:%M:%S')}")  # jfr_summary.py --after
@@ -172,14 +178,17 @@ def main() -> int:
             messages: list[str] = []
             report = IngestJob(cfg, progress=messages.append).run_available_now(spark)
             took = time.perf_counter() - t
-            rates[fmt].append(changes / took)
+            if counted:
+                rates[fmt].append(changes / took)
             steps = ", ".join(f"{k} {v:.1f}" for k, v in sorted(report.stage_seconds().items(), key=lambda kv: -kv[1]) if v >= 0.05)
             again = sum("decoding the batch again" in m for m in messages)
-            say(f"cdc run, {fmt}: {took:.1f} s, {changes / took:,.0f} change events/s, {len(report.batches)} batches "
+            say(f"cdc run, {fmt}{'' if counted else ' (warm-up, not counted)'}: {took:.1f} s, {changes / took:,.0f} change events/s, {len(report.batches)} batches "
                 f"({again} decoded twice), {report.total('rows_read'):,} records (steps, s: {steps})   [{load_average()}]")
+        mid = {fmt: statistics.median(r) for fmt, r in rates.items()}
         best = {fmt: max(r) for fmt, r in rates.items()}
-        say(f"best rates: json {best['json']:,.0f}/s, avro {best['avro']:,.0f}/s (avro/json {best['avro'] / best['json']:.2f}); "
-            f"records on the topics: {sizes}")
+        say(f"median rates over {args.repeat} runs each: json {mid['json']:,.0f}/s, avro {mid['avro']:,.0f}/s "
+            f"(avro/json {mid['avro'] / mid['json']:.2f}); best: json {best['json']:,.0f}/s, avro {best['avro']:,.0f}/s "
+            f"(avro/json {best['avro'] / best['json']:.2f}); records on the topics: {sizes}")
     finally:
         bed.stop()
     return 0
