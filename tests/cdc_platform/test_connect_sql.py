@@ -71,6 +71,8 @@ def cases() -> list[Case]:
     for u in UNSCALED:
         for scale in (0, 3, -3):
             out.append((f"variable scale {u} e-{scale}", VSD, {"scale": scale, "value": b64(u)}, "string"))
+    for scale in (100_000, -100_000, 100_001, 2**31 - 1, -(2**31)):  # the bound, and a corrupt scale: no text of 2 GB
+        out.append((f"variable scale 7 e-{scale}", VSD, {"scale": scale, "value": b64(7)}, "string"))
     for name, unit in (("org.apache.kafka.connect.data.Timestamp", 10**3), ("io.debezium.time.Timestamp", 10**3),
                        ("io.debezium.time.MicroTimestamp", 10**6), ("io.debezium.time.NanoTimestamp", 10**9)):
         for seconds in (0, 1_700_000_000, -1, -86_400 * 365 * 500):
@@ -203,3 +205,16 @@ def test_a_zoned_text_without_offset_is_utc_whatever_the_sessions_zone(spark: An
     finally:
         spark.conf.set("spark.sql.session.timeZone", old)
     assert micros == (dt.datetime(2024, 1, 1, 10, tzinfo=dt.timezone.utc) - EPOCH) // dt.timedelta(microseconds=1)
+
+
+def test_a_scale_beyond_the_bound_is_refused_not_a_text_of_that_length(spark: Any) -> None:
+    """A corrupt VariableScaleDecimal scale of two billion would be a 2 GB text: both sides refuse a scale past
+    `MAX_TEXT_SCALE` (the stage dead-letters the event, the view shows NULL), and write one at the bound."""
+    from cdc_platform.stages.latest_state.connect_types import MAX_TEXT_SCALE
+
+    group: list[Case] = [("corrupt", VSD, {"scale": 2**31 - 1, "value": b64(7)}, "string"),
+                         ("past the bound", VSD, {"scale": -(MAX_TEXT_SCALE + 1), "value": b64(7)}, "string"),
+                         ("at the bound", VSD, {"scale": -MAX_TEXT_SCALE, "value": b64(7)}, "string")]
+    refused = [python_value(*case[1:]) for case in group[:2]]
+    assert all(isinstance(r, BadValue) and str(r) == "out_of_range" for r in refused)  # `python_value` gives the code
+    assert sql_values(spark, group) == [None, None, "7" + "0" * MAX_TEXT_SCALE]

@@ -46,6 +46,10 @@ _DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 #: Spark and Delta decimals hold at most 38 digits; a wider Connect Decimal is kept as exact text.
 MAX_DECIMAL_DIGITS = 38
+#: The largest scale (either sign) a decimal stored as text may have: its text is about that many characters,
+#: so a corrupt scale of two billion would be a 2 GB string (in Python here, in the views' Java). PostgreSQL's
+#: numeric allows 16,383; a larger scale is refused (`out_of_range`), here and in `ConnectDecimal.java` alike.
+MAX_TEXT_SCALE = 100_000
 #: Decimal arithmetic that never rounds: a result that would lose a digit raises instead.
 _EXACT = decimal.Context(prec=4000, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow])
 _ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
@@ -188,6 +192,8 @@ def _epoch_date(v: Any) -> dt.date:
 
 def _unscaled(v: Any, scale: int) -> decimal.Decimal:
     """Connect's Decimal bytes (big-endian two's complement of the unscaled value) at `scale`, exactly."""
+    if abs(scale) > MAX_TEXT_SCALE:
+        raise BadValue(f"scale {scale} is beyond {MAX_TEXT_SCALE:,} either way", "out_of_range")
     unscaled = int.from_bytes(_base64_bytes(v), "big", signed=True)
     return decimal.Decimal(unscaled).scaleb(-scale, _EXACT)
 

@@ -20,6 +20,9 @@ import java.util.Base64;
  * throws, which {@code try_reflect} turns into NULL (the latest state dead-letters such a value).
  */
 public final class ConnectDecimal {
+    /** As connect_types.MAX_TEXT_SCALE: a larger scale (a corrupt one) would make a text of as many characters. */
+    static final int MAX_TEXT_SCALE = 100_000;
+
     private ConnectDecimal() {}
 
     /**
@@ -28,6 +31,7 @@ public final class ConnectDecimal {
      * zeros are written before it). Any number of digits: a VariableScaleDecimal or a 60-digit numeric.
      */
     public static String plain(String base64, int scale) {
+        checkScale(scale);
         byte[] bytes = Base64.getDecoder().decode(base64);
         BigInteger unscaled = bytes.length == 0 ? BigInteger.ZERO : new BigInteger(bytes);
         return new BigDecimal(unscaled, scale).toPlainString();
@@ -39,8 +43,13 @@ public final class ConnectDecimal {
      * A negative zero keeps its sign, as Python's Decimal does.
      */
     public static String quantized(String number, int scale) {
+        checkScale(scale);
         BigDecimal value = new BigDecimal(number).setScale(scale, RoundingMode.UNNECESSARY);
         String text = value.toPlainString();
         return value.signum() == 0 && number.startsWith("-") ? "-" + text : text;
+    }
+
+    private static void checkScale(int scale) {
+        if (Math.abs((long) scale) > MAX_TEXT_SCALE) throw new ArithmeticException("scale " + scale + " is beyond " + MAX_TEXT_SCALE);
     }
 }
