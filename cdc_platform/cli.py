@@ -37,13 +37,13 @@ def _config(args: argparse.Namespace) -> PlatformConfig:
     )
 
 
-def _spark(master: str | None = None, announce: bool = True, object_store: bool = False) -> Any:
+def _spark(master: str | None = None, announce: bool = True, object_store: bool = False, conf: dict[str, str] | None = None) -> Any:
     from cdc_platform.spark.session import DEFAULT_MASTER, get_spark, submitted
 
     if announce:
         where = master or ("spark-submit's master" if submitted() else DEFAULT_MASTER)
         _say(f"starting Spark ({where}) ...")
-    spark = get_spark(master=master, object_store=object_store)
+    spark = get_spark(master=master, object_store=object_store, conf=conf)
     quiet_spark_error_logs(spark)
     return spark
 
@@ -275,9 +275,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Up to this many transactions `cdc demo` starts its JVM as a short-lived one (`session.SHORT_LIVED_JVM`, the JIT's
+#: quick tier alone): the demo is one job in a JVM that exits after it, mostly code that runs once. Measured
+#: (benchmarks/README.md, "An eleventh session"): 500 transactions 37.7 / 41.3 s against 44.6 / 46.2 s, 5,000
+#: 43.1 against 57.3 s, 50,000 (68,288 events) 69.5 against 77.4 s. Beyond that, C2's optimised code may pay back.
+DEMO_QUICK_JIT_TRANSACTIONS = 50_000
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from cdc_platform.workload import demo
     from cdc_platform.run.ingest import IngestJob
+    from cdc_platform.spark.session import SHORT_LIVED_JVM
     from cdc_platform.views import register_lake
 
     t0 = time.perf_counter()
@@ -287,7 +295,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     w = _generate(out, args.transactions, args.seed)
     config = load_config(w.config_path)
     t_generated = time.perf_counter()
-    spark = _spark()
+    spark = _spark(conf=SHORT_LIVED_JVM if args.transactions <= DEMO_QUICK_JIT_TRANSACTIONS else None)
     t_spark = time.perf_counter()
     _say("running the pipeline over the landing files ...")
     report = IngestJob(config, progress=_say).run_available_now(spark)

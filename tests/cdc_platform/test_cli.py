@@ -334,6 +334,38 @@ def test_demo_never_deletes_a_folder_it_did_not_write(tmp_path: Path, capsys: py
     assert "is not a directory" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("transactions, quick", [(500, True), (50_000, True), (50_001, False)])
+def test_the_demo_starts_a_short_lived_jvm_for_a_sample_of_its_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   transactions: int, quick: bool) -> None:
+    """The demo is one job in a JVM that exits after it: up to `DEMO_QUICK_JIT_TRANSACTIONS` it asks for the JIT's
+    quick tier alone (`session.SHORT_LIVED_JVM`), beyond that for the long-lived defaults (no `conf`)."""
+    from cdc_platform import cli
+    from cdc_platform.spark import session
+
+    class Started(Exception):
+        pass
+
+    asked: dict[str, Any] = {}
+
+    def fake_spark(app_name: str = "", master: str | None = None, conf: Any = None, object_store: bool = False) -> Any:
+        asked["conf"] = conf
+        raise Started
+
+    monkeypatch.setattr(session, "get_spark", fake_spark)
+    monkeypatch.setattr(cli, "_generate", lambda out, n, seed: argparse.Namespace(config_path=_tiny_config(tmp_path)))
+    with pytest.raises(Started):
+        cli.cmd_demo(argparse.Namespace(dir=str(tmp_path / "demo"), transactions=transactions, seed=7))
+    assert asked["conf"] == (session.SHORT_LIVED_JVM if quick else None)
+
+
+def _tiny_config(root: Path) -> Path:
+    (root / "landing").mkdir(exist_ok=True)
+    path = root / "cdc.yaml"
+    path.write_text("landing: landing\nlake: lake\ntables: {}\n", encoding="utf-8")
+    return path
+
+
 def full_views(query: Any, lake: Path) -> dict[str, dict[int, dict[str, Any]]]:
     views = {}
     for table in ("customers", "charges", "refunds"):
