@@ -216,20 +216,16 @@ def _quantized(variant: str, scale: str) -> str:
 
 def _timestamp(value: str, decl: str) -> str:
     """Epoch numbers by their declared unit (floored to the microsecond), ISO-8601 text (ZonedTimestamp)
-    to the instant it names; a text without an offset is UTC, as Python reads it, whatever the session's zone."""
+    to the instant it names; a text without an offset is UTC, as Python reads it, whatever the session's zone.
+
+    The unit is looked up by the declared name in one map literal, and the number scaled in exact decimal
+    arithmetic (no overflow, `floor` as Python's `//`), not a branch per unit with its own range checks: each
+    timestamp column's SQL is analysed and optimised on every query of a view, so its length is a lookup's time."""
     n = f"try_variant_get({value}, '$', 'bigint')"
-    branches = []
-    for name, unit_ns in sorted(_EPOCH_TIMESTAMPS.items()):
-        if unit_ns >= 1000:
-            factor = unit_ns // 1000
-            micros = f"CASE WHEN {n} BETWEEN {-(-MIN_MICROS // factor)} AND {MAX_MICROS // factor} THEN {n} * {factor} END"
-        else:
-            divisor = 1000 // unit_ns
-            micros = f"{n} div {divisor} - IF({n} % {divisor} < 0, 1, 0)"
-        branches.append(f"WHEN {_named(decl, name, 'int64')} THEN {micros}")
+    units = ", ".join(f"{sql_string(name)}, {unit_ns}L" for name, unit_ns in sorted(_EPOCH_TIMESTAMPS.items()))
+    unit = f"try_element_at(map({units}), {decl}.name)"
+    epoch = f"WHEN coalesce({decl}.type = 'int64', false) THEN floor(CAST({n} AS DECIMAL(20,0)) * {unit} / 1000)"
     text = _string(value)
     zoned = f"unix_micros(try_cast(IF({text} RLIKE '[T ].*(Z|[+-][0-9:]+)$', {text}, concat({text}, 'Z')) AS TIMESTAMP))"
-    branches.append(f"WHEN {_named(decl, _ZONED_TIMESTAMP, 'string')} THEN {zoned}")
-    micros = _let(f"CASE {' '.join(branches)} END", f"IF(__v BETWEEN {MIN_MICROS} AND {MAX_MICROS}, timestamp_micros(__v), NULL)")
-    return micros
-
+    micros = f"CASE {epoch} WHEN {_named(decl, _ZONED_TIMESTAMP, 'string')} THEN {zoned} END"
+    return _let(micros, f"IF(__v BETWEEN {MIN_MICROS} AND {MAX_MICROS}, timestamp_micros(CAST(__v AS BIGINT)), NULL)")
