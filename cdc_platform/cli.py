@@ -275,10 +275,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Up to this many transactions `cdc demo` starts its JVM as a short-lived one (`session.SHORT_LIVED_JVM`, the JIT's
-#: quick tier alone): the demo is one job in a JVM that exits after it, mostly code that runs once. Measured
-#: (benchmarks/README.md, "An eleventh session"): 500 transactions 37.7 / 41.3 s against 44.6 / 46.2 s, 5,000
-#: 43.1 against 57.3 s, 50,000 (68,288 events) 69.5 against 77.4 s. Beyond that, C2's optimised code may pay back.
+#: Up to this many transactions `cdc demo` starts a short-lived JVM (`session.SHORT_LIVED_JVM`, the JIT's quick tier):
+#: one job, then exit. 500 transactions: medians 38.4 s against 43.4; 50,000: 69.5 against 77.4 (benchmarks/README.md,
+#: "An eleventh session"). Beyond that, C2's optimised code may pay back.
 DEMO_QUICK_JIT_TRANSACTIONS = 50_000
 
 
