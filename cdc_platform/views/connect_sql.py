@@ -184,7 +184,12 @@ def _plain(base64: str, scale: str) -> str:
     numeric), so not through Spark's 38-digit decimals. A static Java method (`ConnectDecimal.plain`) through
     `try_reflect`, not SQL: written in SQL it was ~2 KB per column, which Spark analysed and optimised on every
     query of a view (a point lookup on a full view spent 0.15-0.2 s of its ~1 s planning them)."""
-    return f"try_reflect('{DECIMAL_CLASS}', 'plain', {base64}, {scale})"
+    return _decimal_call("plain", base64, scale)
+
+
+def _decimal_call(method: str, *args: str) -> str:
+    """A call of `ConnectDecimal.<method>` on these SQL arguments: NULL where it refuses the value (`try_reflect`)."""
+    return f"try_reflect('{DECIMAL_CLASS}', '{method}', {', '.join(args)})"
 
 
 def _text(value: str, decl: str, image: str, column: str) -> str:
@@ -211,7 +216,7 @@ def _quantized(variant: str, scale: str) -> str:
     wider than Spark's decimals does not have; the gap needs both the non-default decimal.format=NUMERIC
     and a column of more than 38 digits."""
     return (f"CASE WHEN schema_of_variant({variant}) = 'DOUBLE' THEN NULL "
-            f"ELSE try_reflect('{DECIMAL_CLASS}', 'quantized', {_string(variant)}, {scale}) END")
+            f"ELSE {_decimal_call('quantized', _string(variant), scale)} END")
 
 
 def _timestamp(value: str, decl: str) -> str:
