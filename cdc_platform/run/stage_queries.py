@@ -32,7 +32,7 @@ from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import lake_spark, schemas
 from cdc_platform.parse import parse_spark
 from cdc_platform.backfill.onboarding import ConfigWatch, build_from_raw_log
-from cdc_platform.run.queries import BatchGate
+from cdc_platform.run.queries import BatchGate, StopRequested
 from cdc_platform.run.run_reports import BatchReport
 from cdc_platform.spark import spark_jobs
 from cdc_platform.stages.stage import (
@@ -189,6 +189,8 @@ class StageQuery:
                 report = self.run_batch(df, batch_id)
                 self.last_activity = time.monotonic()
                 self.last_batch_id = batch_id
+        except StopRequested:  # an orderly stop refusing the next batch, not a failed stage: it replays on restart
+            raise
         except BaseException as exc:  # keep the original error; Spark would wrap it beyond recognition
             self.failure = exc
             if not isinstance(exc, Exception):  # py4j's callback thread would die on it and the query would never end

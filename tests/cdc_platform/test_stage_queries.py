@@ -210,3 +210,14 @@ def test_a_stage_is_idle_only_while_the_ingest_is_quiet_too() -> None:
     source["idle"] = 3.0
     runner._tend(stage)
     assert stage.idle_calls == [3.0], "idle for as long as the ingest has been quiet, not since the stage's last batch"
+
+
+def test_a_batch_refused_by_a_stop_is_not_a_failed_stage(make_config) -> None:
+    """Stopping a stream refuses the stage batch Spark starts after the stop (it replays on restart): an
+    orderly stop, so the stage reports no failure (`cdc stream` would say a stage failed; CI found it)."""
+    cfg = make_config(KEYS)
+    stage = stage_queries.StageQuery(LatestStateStage(), cfg)
+    stage.gate.refuse_after = 1
+    with pytest.raises(queries.StopRequested):
+        stage.foreach_batch(None, 2)  # type: ignore[arg-type]  # refused before the batch is read
+    assert stage.failure is None and stage.reports == []
