@@ -180,7 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from cdc_platform.config import check_catalog_schema, resolve_config_path
     from cdc_platform.config_serve import ServeConfig
-    from cdc_platform.serve import Server
+    from cdc_platform.serve.server import Server
     from cdc_platform.serve.security import self_signed
     from cdc_platform.serve.sql_client import state_path
 

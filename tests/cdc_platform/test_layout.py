@@ -118,3 +118,16 @@ def test_no_module_of_the_package_is_past_the_guides_length() -> None:
     lengths = {str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
     assert lengths, "no modules found"
     assert {path: n for path, n in lengths.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_a_cdc_sql_answered_by_a_server_loads_neither_spark_nor_the_lake_nor_the_object_store() -> None:
+    """`cdc sql` against a running `cdc serve` is a process per query: what it imports is on the lookup's
+    path. The command line, the server's client and the row formats must not pull pyarrow, pyspark, the
+    views' SQL builders or universal_pathlib (a package `__init__` that imported `serve.server` did: ~0.4 s)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, cdc_platform.cli, cdc_platform.serve.sql_client, cdc_platform.serve.formats;"
+             "print(sorted(m for m in ('pyarrow', 'pyspark', 'upath', 'fsspec', 'numpy', 'cdc_platform.views', 'cdc_platform.lake') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

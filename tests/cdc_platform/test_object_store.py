@@ -162,7 +162,7 @@ def test_an_object_store_path_in_a_session_without_the_s3a_jars_says_what_to_do(
 def test_a_server_for_a_lake_in_s3_keeps_its_state_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`cdc serve`'s state file names a process here; in a shared bucket another machine would find it (and the
     Hive scratch folders would be objects). Local lakes keep theirs in the lake, as before."""
-    from cdc_platform.serve import WORK_DIR
+    from cdc_platform.serve.server import WORK_DIR
     from cdc_platform.serve.sql_client import STATE_FILE, state_path
 
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -26,7 +26,7 @@ from cdc_platform.cli import main
 from cdc_platform.config import load_config
 from cdc_platform.errors import ConfigError
 from cdc_platform.spark.processes import HOST, die_with_parent, free_ports, stop_group
-from cdc_platform.serve import Server
+from cdc_platform.serve.server import Server
 from cdc_platform.serve.sql_client import STATE_FILE, ServerInfo, ServerUnavailable
 from tests.cdc_platform.test_latest_state import ev
 
