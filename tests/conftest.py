@@ -41,9 +41,15 @@ _SHARED_FIXTURE_MODULES = ("test_definitions.py", "test_serve.py", "test_serve_s
 
 
 #: Start-up settings of the suite's own session (the `spark` fixture): it lives as long as its pytest worker and
-#: runs most of the suite, so the JIT's optimising tier pays back (measured: a subset of the suite took 366 s with
-#: the quick tier alone against 286 s with both). An empty value overrides the children's defaults below.
-LONG_LIVED_DRIVER = {"spark.driver.extraJavaOptions": ""}
+#: runs most of the suite (60% of the suite's CPU is these two JVMs), so the JIT's optimising tier stays (a subset
+#: took 366 s with the quick tier alone against 286 s with both), but it compiles only code four times hotter
+#: than the platform's long-lived threshold (`session.LONG_LIVED_JIT`): C2 was a fifth of these JVMs' CPU. And
+#: the parallel collector: G1's concurrent marking was another tenth, for pauses a test does not notice.
+#: Measured on `test_views.py` + `test_bad_input.py`, `-n 2` (load 3-4.5): G1 at the platform's thresholds 206 /
+#: 206 / 199 s; parallel collector 190 / 193 / 196 / 194 s; and these thresholds 182 / 174 s (benchmarks/README.md,
+#: "A twelfth session"). This overrides the children's defaults below.
+LONG_LIVED_DRIVER = {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:Tier4InvocationThreshold=200000 -XX:Tier4MinInvocationThreshold=24000 "
+                                                      "-XX:Tier4CompileThreshold=600000 -XX:Tier4BackEdgeThreshold=1600000"}
 #: The folder `pytest_configure` writes the children's Spark settings to.
 _CHILD_SPARK_CONF = pytest.StashKey[Path]()
 
