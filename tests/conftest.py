@@ -48,8 +48,15 @@ _SHARED_FIXTURE_MODULES = ("test_definitions.py", "test_serve.py", "test_serve_s
 #: Measured on `test_views.py` + `test_bad_input.py`, `-n 2` (load 3-4.5): G1 at the platform's thresholds 206 /
 #: 206 / 199 s; parallel collector 190 / 193 / 196 / 194 s; and these thresholds 182 / 174 s (benchmarks/README.md,
 #: "A twelfth session"). This overrides the children's defaults below.
-LONG_LIVED_DRIVER = {"spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:Tier4InvocationThreshold=200000 -XX:Tier4MinInvocationThreshold=24000 "
-                                                      "-XX:Tier4CompileThreshold=600000 -XX:Tier4BackEdgeThreshold=1600000"}
+SUITE_C2_FACTOR = 4
+
+
+def long_lived_driver() -> dict[str, str]:
+    """`LONG_LIVED_JIT`'s thresholds times `SUITE_C2_FACTOR`, and the parallel collector (see above)."""
+    from cdc_platform.spark.session import LONG_LIVED_JIT
+
+    flags = [f"{name}={int(value) * SUITE_C2_FACTOR}" for name, value in (f.split("=") for f in LONG_LIVED_JIT.split())]
+    return {"spark.driver.extraJavaOptions": " ".join(["-XX:+UseParallelGC", *flags])}
 #: The folder `pytest_configure` writes the children's Spark settings to.
 _CHILD_SPARK_CONF = pytest.StashKey[Path]()
 
@@ -112,7 +119,7 @@ def spark() -> Iterator[Any]:
     from cdc_platform.spark.session import get_spark, stop_spark
 
     # With Hadoop's S3A jars (`make test` resolves them): the object-store lake's tests share this session.
-    session = get_spark("cdc-platform-tests", object_store=True, conf=LONG_LIVED_DRIVER)
+    session = get_spark("cdc-platform-tests", object_store=True, conf=long_lived_driver())
     yield session
     stop_spark()
 
