@@ -131,13 +131,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from cdc_platform.views import register_lake  # here: a query the server answers never loads the lake's readers
 
     spark = _spark(check_spark_master(args.master), announce=args.format == "table", object_store=is_remote(lake_dir))
-    names = register_lake(spark, lake_dir)
+    register_lake(spark, lake_dir, query=args.query)  # only the views of the tables the query names are planned
     try:
         df = spark.sql(args.query)
         rows = [tuple(r) for r in df.collect()]
     except Exception as exc:
         if not spark_errors.is_spark_error(exc):
             raise
+        # A name it does not know: the error lists every name of the lake, so register them all (this path only).
+        names = register_lake(spark, lake_dir) if spark_errors.condition(exc) == "TABLE_OR_VIEW_NOT_FOUND" else []
         raise QueryError(spark_errors.describe(exc, names)) from exc
     print(format_rows(df.columns, rows, args.format))
     return 0

@@ -46,7 +46,7 @@ from cdc_platform.storage import LakePath
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-def register_lake(spark: SparkSession, lake_dir: LakePath) -> list[str]:
+def register_lake(spark: SparkSession, lake_dir: LakePath, query: str | None = None) -> list[str]:
     """Register every table and view of the lake in this session; return the names, tables first.
 
     Each table is pinned to its version at registration. Tables are pinned downstream first (the
@@ -54,18 +54,38 @@ def register_lake(spark: SparkSession, lake_dir: LakePath) -> list[str]:
     dead letters), the reverse of the order the stream commits a batch in: a table pinned later is never
     older than one pinned before it, so the raw log holds every event the pinned watermark and
     transactions speak of, and a consistent view never shows a transaction it cannot show whole.
+
+    With `query` (the one statement the caller is about to run), every table is still pinned, but only the
+    latest-state and consistent views of the tables the statement names are planned (`named_tables`):
+    planning a table's views is most of registering it (their SQL analysed by Spark, the tail's facts read
+    from the logs), and a query of one table of a lake of ten need not pay for the other nine.
     """
     if not lake_dir.is_dir():
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
     names: list[str] = []
     tables = lake.lake_tables(lake_dir)
+    only = None if query is None else named_tables(lake_dir, query)
     mark = lake.applied_through(lake_dir, LS.STAGE)  # before any table is pinned: the stored state then holds at least this much
     versions = register_tables(spark, lake_dir, tables)
     names.extend(tables)
-    names.extend(register_latest_state_views(spark, lake_dir, versions, mark=mark))
-    names.extend(register_consistent_views(spark, lake_dir))
+    names.extend(register_latest_state_views(spark, lake_dir, versions, only=only, mark=mark))
+    names.extend(register_consistent_views(spark, lake_dir, only=only))
     names.extend(register_outbox_views(spark, lake_dir, tables))
     return names
+
+
+def named_tables(lake_dir: LakePath, query: str) -> set[str] | None:
+    """The latest-state tables of the lake whose name occurs in `query` (any case), or None (all of them) for a
+    statement that names none or lists the catalog (`SHOW ...`), whose answer is every name.
+
+    Every view of a table (`<name>`, `<name>__full_view`, `<name>_history`, ...) carries its name, so a
+    statement that reads a view names its table. A name inside a longer word counts too: planning a table
+    too many is only slower, one too few would leave its views unregistered."""
+    text = query.lower()
+    if text.lstrip().startswith("show"):
+        return None
+    named = {t.name for t in lake.registered_tables(lake_dir) if t.name.lower() in text}
+    return named or None
 
 
 def register_outbox_views(spark: SparkSession, lake_dir: LakePath, present: Mapping[str, Any]) -> list[str]:
@@ -117,7 +137,8 @@ def _read_rank(name: str) -> tuple[int, str]:
 
 
 def sql(spark: SparkSession, lake_dir: LakePath, query: str) -> DataFrame:
-    register_lake(spark, lake_dir)
+    """`query` over the lake as it is now: registered again (only the views of the tables it names planned), then run."""
+    register_lake(spark, lake_dir, query=query)
     return spark.sql(query)
 
 
@@ -419,9 +440,10 @@ def count_views(spark: SparkSession, names: Collection[str]) -> dict[str, int]:
     return {n: counts[rows_of(n)] for n in names}
 
 
-def register_consistent_views(spark: SparkSession, lake_dir: LakePath) -> list[str]:
-    """`<name>__consistent_view` for every configured table, its columns typed as its latest-state table's
-    (the `<name>__stored` view `register_latest_state_views` pinned, so the same snapshot the full view reads)."""
+def register_consistent_views(spark: SparkSession, lake_dir: LakePath, only: Collection[str] | None = None) -> list[str]:
+    """`<name>__consistent_view` for every configured table (or those in `only`), its columns typed as its
+    latest-state table's (the `<name>__stored` view `register_latest_state_views` pinned, so the same snapshot
+    the full view reads)."""
     from pyspark.errors import AnalysisException
 
     present = lake.lake_tables(lake_dir)
@@ -429,6 +451,8 @@ def register_consistent_views(spark: SparkSession, lake_dir: LakePath) -> list[s
         return []
     names = []
     for table in lake.registered_tables(lake_dir):
+        if only is not None and table.name not in only:
+            continue
         try:
             columns = stored_types(spark.table(lake.quote_identifier(stored_view_name(table.name))).schema.fields)
         except AnalysisException:  # no latest-state table yet

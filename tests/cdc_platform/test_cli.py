@@ -174,6 +174,8 @@ def error_lines(err: str) -> list[str]:
         ("SELECT * FROM customers__full_view WHERE id =", "syntax error in the query at or near end of input"),
         ("SELECT nope FROM customers__full_view", "unknown column `nope`; the columns nearest by name are"),
         ("SELECT * FROM customer__full_view", "unknown table or view `customer__full_view`: did you mean `customers__full_view`"),
+        # It names `customers` (so only its views are planned) and mistypes another table's: the error still knows every name.
+        ("SELECT * FROM customers__full_view JOIN charge__full_view USING (id)", "did you mean `charges__full_view`"),
         ("SELECT * FROM no_such_table", "unknown table or view `no_such_table`: the lake has"),
         ("SELECT no_such_function(1)", "unknown function `no_such_function`"),
         ("SELECT raise_error('boom') FROM customers__full_view", "boom (Spark USER_RAISED_EXCEPTION)"),

@@ -250,6 +250,25 @@ def test_one_table_reads_as_a_check_reads_it_without_the_rest_of_the_lake(make_c
     assert views.live_rows(spark, cfg.lake, ["people", "orders"]) == {"people": 2, "orders": 1}
 
 
+def test_a_statement_gets_the_views_of_the_tables_it_names_and_the_same_rows(make_config, spark) -> None:
+    cfg = make_config({PEOPLE: {"key": ["id"]}, "shop.orders": {"key": ["id"]}})
+    Feed(cfg)([*people(), ev("c", pos=21, table="orders", after={"id": 7})])
+    sql = "SELECT id FROM People__Full_View ORDER BY id"
+    for name in ("people__full_view", "orders__full_view", "orders__clean_view"):
+        spark.catalog.dropTempView(name)
+    names = views.register_lake(spark, cfg.lake, query=sql)
+    assert {"people__full_view", "people__clean_view", "orders", "raw_change_events"} <= set(names)  # every table is pinned
+    assert not {"orders__full_view", "orders__clean_view"} & set(names)
+    assert not spark.catalog.tableExists("orders__full_view")
+    narrow = [r["id"] for r in spark.sql(sql).collect()]
+    everything = views.register_lake(spark, cfg.lake)
+    assert "orders__full_view" in everything and [r["id"] for r in spark.sql(sql).collect()] == narrow == [0, 1, 2]
+    # A statement that names no table, or lists the catalog, gets every view.
+    assert views.named_tables(cfg.lake, "SELECT 1") is None
+    assert views.named_tables(cfg.lake, "SHOW VIEWS LIKE 'people*'") is None
+    assert views.named_tables(cfg.lake, "SELECT * FROM orders_history JOIN people USING (id)") == {"orders", "people"}
+
+
 def test_a_views_sql_is_read_back_from_the_session(make_config, query, spark) -> None:
     cfg = make_config({PEOPLE: {"key": ["id"]}})
     Feed(cfg)(people())
