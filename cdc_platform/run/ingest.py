@@ -44,7 +44,7 @@ from cdc_platform.parse.envelope import KeySpec
 from cdc_platform.errors import CdcError
 from cdc_platform.backfill.onboarding import ConfigWatch
 from cdc_platform.run.run_reports import BatchReport, FoldedBatches, RunReport
-from cdc_platform.run.queries import BatchGate, StageRunner, StopRequested, await_queries, stop_after_batch
+from cdc_platform.run.queries import BatchGate, StageRunner, StopRequested, await_queries, quiet_refused_batches, stop_after_batch
 from cdc_platform.run.stage_queries import StageQuery, progress_table_spec, upgrade_start
 from cdc_platform.stages.stage import (
     DEAD_LETTER,
@@ -405,6 +405,7 @@ class IngestJob:
         """Start the ingest query (after `setup`); the stage queries are started by the run methods."""
         self.setup(spark)
         self._discard_unfinished_checkpoint_writes()
+        quiet_refused_batches()
         writer = self.stream(spark).writeStream.foreachBatch(self.foreach_batch).option(
             "checkpointLocation", lake_spark.location(self.config.checkpoint_dir)
         ).queryName(f"cdc_ingest_{abs(hash(str(self.config.lake))) % 10**8}")

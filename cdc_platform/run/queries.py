@@ -7,6 +7,7 @@ Kept apart from the ingest job and the stage queries because both use it: each o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,22 @@ RESTART_PAUSES = (2.0, 5.0, 15.0, 60.0)
 
 class StopRequested(Exception):
     """A micro-batch Spark started while the query was stopping: refused, so it replays on restart."""
+
+
+class _RefusedBatchRecords(logging.Filter):
+    """Drops py4j's record of a `StopRequested`: py4j logs every exception a Python callback raises, stack
+    and all, at ERROR before Spark sees it, so every stop that refused a batch printed a traceback that
+    asks an operator to look at nothing. Every other exception's record is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StopRequested))
+
+
+def quiet_refused_batches() -> None:
+    """Keep a refused batch out of the log (`_RefusedBatchRecords`); called by each query's `start`, once per process."""
+    log = logging.getLogger("py4j.clientserver")  # the logger py4j's callback server logs a callback's exception on
+    if not any(isinstance(f, _RefusedBatchRecords) for f in log.filters):
+        log.addFilter(_RefusedBatchRecords())
 
 
 class BatchGate:

@@ -32,7 +32,7 @@ from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.lake import lake_spark, schemas
 from cdc_platform.parse import parse_spark
 from cdc_platform.backfill.onboarding import ConfigWatch, build_from_raw_log
-from cdc_platform.run.queries import BatchGate, StopRequested
+from cdc_platform.run.queries import BatchGate, StopRequested, quiet_refused_batches
 from cdc_platform.run.run_reports import BatchReport
 from cdc_platform.spark import spark_jobs
 from cdc_platform.stages.stage import (
@@ -175,6 +175,7 @@ class StageQuery:
         return events.unionByName(markers, allowMissingColumns=True)
 
     def start(self, spark: SparkSession, *, available_now: bool, interval: str | None = None) -> StreamingQuery:
+        quiet_refused_batches()
         writer = (self.stream(spark).writeStream.foreachBatch(self.foreach_batch)
                   .option("checkpointLocation", lake_spark.location(self.checkpoint))
                   .queryName(f"cdc_stage_{self.name}_{abs(hash(str(self.config.lake))) % 10**8}"))

@@ -221,3 +221,31 @@ def test_a_batch_refused_by_a_stop_is_not_a_failed_stage(make_config) -> None:
     with pytest.raises(queries.StopRequested):
         stage.foreach_batch(None, 2)  # type: ignore[arg-type]  # refused before the batch is read
     assert stage.failure is None and stage.reports == []
+
+
+def test_a_batch_refused_by_a_stop_leaves_no_traceback_in_the_log_and_other_errors_do(make_config, caplog) -> None:
+    """Through Spark and py4j for real: py4j logs an exception a `foreachBatch` raises, with its stack, before Spark
+    sees it. A refused batch is an orderly stop, not an error: nothing in the log (an operator saw a traceback at
+    every such stop). A batch that fails for any other reason still is."""
+    import logging
+
+    cfg = make_config(KEYS)
+    job = IngestJob(cfg, stages=[LatestStateStage()])
+    job.setup()
+    job.process_parsed(parsed([ev("c", pos=1, after={"id": 1, "v": "x"})]), 0, "q", drain=False)
+    stage = job.stage_queries[0]
+    stage.gate.refuse_after = -1  # the stop was asked for before the first batch
+    with caplog.at_level(logging.INFO, logger="py4j.clientserver"):
+        query = stage.start(_spark(), available_now=True)
+        with pytest.raises(Exception, match="StopRequested"):
+            query.awaitTermination()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    assert stage.failure is None and stage.reports == []
+    # The filter keeps every other exception's record.
+    with caplog.at_level(logging.INFO, logger="py4j.clientserver"):
+        for raised in (queries.StopRequested("refused"), ValueError("a real failure")):
+            try:
+                raise raised
+            except Exception:
+                logging.getLogger("py4j.clientserver").exception("There was an exception while executing the Python Proxy")
+    assert [type(r.exc_info[1]).__name__ for r in caplog.records if r.exc_info] == ["ValueError"]
