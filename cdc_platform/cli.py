@@ -129,7 +129,6 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if not args.local and _sql_via_server(lake_dir, args):
         return 0
     from cdc_platform.views import register_lake  # here: a query the server answers never loads the lake's readers
-
     spark = _spark(check_spark_master(args.master), announce=args.format == "table", object_store=is_remote(lake_dir))
     register_lake(spark, lake_dir, query=args.query)  # only the views of the tables the query names are planned
     try:
@@ -138,8 +137,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     except Exception as exc:
         if not spark_errors.is_spark_error(exc):
             raise
-        # A name it does not know: the error lists every name of the lake, so register them all (this path only).
-        names = register_lake(spark, lake_dir) if spark_errors.condition(exc) == "TABLE_OR_VIEW_NOT_FOUND" else []
+        names = register_lake(spark, lake_dir) if spark_errors.unknown_relation(exc) else []  # the error lists every name
         raise QueryError(spark_errors.describe(exc, names)) from exc
     print(format_rows(df.columns, rows, args.format))
     return 0
@@ -166,7 +164,7 @@ def _sql_via_server(lake_dir: LakePath, args: argparse.Namespace) -> bool:
     except LoginRefused as exc:
         raise QueryError(str(exc)) from None
     except spark_errors.ServerSideError as exc:
-        names = table_names(info) if spark_errors.condition(exc) == "TABLE_OR_VIEW_NOT_FOUND" else []
+        names = table_names(info) if spark_errors.unknown_relation(exc) else []
         raise QueryError(spark_errors.describe(exc, names)) from exc
     if args.format == "table":
         _say(f"answered by cdc serve (pid {info.pid}) at {info.jdbc_url}")

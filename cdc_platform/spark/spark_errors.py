@@ -31,6 +31,11 @@ def condition(exc: BaseException) -> str | None:
     return None
 
 
+def unknown_relation(exc: BaseException) -> bool:
+    """Whether Spark failed on a table or view name it does not know (`describe` then names the closest ones)."""
+    return (condition(exc) or "").startswith("TABLE_OR_VIEW_NOT_FOUND")
+
+
 def _parameters(exc: BaseException) -> dict[str, str]:
     get = getattr(exc, "getMessageParameters", None)
     try:
@@ -115,7 +120,7 @@ def describe(exc: BaseException, known_names: Sequence[str] = ()) -> str:
         proposal = params.get("proposal", "")
         suggestion = f"; the columns nearest by name are {proposal.strip('[]')}" if proposal else ""
         return f"unknown column {name}{suggestion} (`DESCRIBE name_of_table` lists a table's columns)"
-    if cls.startswith("TABLE_OR_VIEW_NOT_FOUND"):
+    if unknown_relation(exc):
         name = params.get("relationName", "?")
         bare = name.strip("`").split("`.`")[-1]
         close = difflib.get_close_matches(bare, list(known_names), n=3, cutoff=0.6)
