@@ -253,13 +253,12 @@ def run_pipeline(spark: Any) -> Callable[[PlatformConfig], Any]:
 
 @pytest.fixture
 def query(spark: Any) -> Callable[[PlatformConfig | Path, str], list[dict[str, Any]]]:
-    """Spark SQL over a lake (tables, and the views of the tables the SQL names, registered), rows as dicts."""
-    from cdc_platform.views import register_lake
+    """Spark SQL over a lake as `views.sql` runs it (tables, and the views of the tables the SQL names, registered), rows as dicts."""
+    from cdc_platform import views
 
     def q(lake: PlatformConfig | Path, sql: str) -> list[dict[str, Any]]:
         lake_dir = lake.lake if isinstance(lake, PlatformConfig) else lake
-        register_lake(spark, lake_dir, query=sql)
-        return [r.asDict(recursive=True) for r in spark.sql(sql).collect()]
+        return [r.asDict(recursive=True) for r in views.sql(spark, lake_dir, sql).collect()]
 
     return q
 
