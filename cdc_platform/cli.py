@@ -22,7 +22,7 @@ from cdc_platform.config import PlatformConfig, check_spark_master, lake_from_fl
 from cdc_platform.errors import CdcError, LakeError, QueryError
 from cdc_platform.serve.formats import format_rows
 from cdc_platform.spark.processes import stop_on_signals
-from cdc_platform.storage import LakePath, is_remote
+from cdc_platform.storage import is_remote
 
 DEMO_DIR = Path(".cdc-demo")
 
@@ -126,8 +126,16 @@ def cmd_sql(args: argparse.Namespace) -> int:
     lake_dir = lake_from_flag(args.lake)
     if not lake_dir.is_dir():  # before Spark starts: saying so costs no JVM
         raise LakeError(f"lake directory {lake_dir} does not exist; run `cdc run` first or pass the right --lake")
-    if not args.local and _sql_via_server(lake_dir, args):
-        return 0
+    if not args.local:
+        from cdc_platform.serve.sql_client import query_lake_server
+
+        answered = query_lake_server(lake_dir, args.query, _say)
+        if answered is not None:
+            columns, rows, info = answered
+            if args.format == "table":
+                _say(f"answered by cdc serve (pid {info.pid}) at {info.jdbc_url}")
+            print(format_rows(columns, rows, args.format))
+            return 0
     from cdc_platform.views import register_lake  # here: a query the server answers never loads the lake's readers
     spark = _spark(check_spark_master(args.master), announce=args.format == "table", object_store=is_remote(lake_dir))
     register_lake(spark, lake_dir, query=args.query)  # only the views of the tables the query names are planned
@@ -141,35 +149,6 @@ def cmd_sql(args: argparse.Namespace) -> int:
         raise QueryError(spark_errors.describe(exc, names)) from exc
     print(format_rows(df.columns, rows, args.format))
     return 0
-
-
-def _sql_via_server(lake_dir: LakePath, args: argparse.Namespace) -> bool:
-    """Run `cdc sql` on the lake's running `cdc serve` (no Spark start, no registering); False: run locally.
-
-    A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
-    of its client library is not an error: the query runs in a local session instead, and says why.
-    """
-    from cdc_platform.serve.sql_client import LoginRefused, ServerUnavailable, find_server, remote_query, table_names
-
-    info, why_not = find_server(lake_dir)
-    if info is None:
-        if why_not:
-            _say(f"{why_not}; running the query in a local Spark session")
-        return False
-    try:
-        columns, rows = remote_query(info, args.query)
-    except ServerUnavailable as exc:
-        _say(f"{exc}; running the query in a local Spark session")
-        return False
-    except LoginRefused as exc:
-        raise QueryError(str(exc)) from None
-    except spark_errors.ServerSideError as exc:
-        names = table_names(info) if spark_errors.unknown_relation(exc) else []
-        raise QueryError(spark_errors.describe(exc, names)) from exc
-    if args.format == "table":
-        _say(f"answered by cdc serve (pid {info.pid}) at {info.jdbc_url}")
-    print(format_rows(columns, rows, args.format))
-    return True
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

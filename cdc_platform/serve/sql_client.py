@@ -208,6 +208,36 @@ def _nested_value(value: Any) -> Any:
         return value
 
 
+def query_lake_server(lake_dir: LakePath, query: str, say: Callable[[str], None]) -> tuple[list[str], list[tuple[Any, ...]], ServerInfo] | None:
+    """(columns, rows, server) of `query` run on the lake's running `cdc serve` (no Spark start, no registering),
+    or None: run it locally.
+
+    A server named in the lake's state file that is gone, does not answer, or cannot be reached for lack
+    of its client library is not an error: `say` tells why, and the caller runs the query in a local
+    session. A refused login or a failing query is (`QueryError`, with the lake's names when a name was
+    unknown).
+    """
+    from cdc_platform.errors import QueryError
+    from cdc_platform.spark import spark_errors
+
+    info, why_not = find_server(lake_dir)
+    if info is None:
+        if why_not:
+            say(f"{why_not}; running the query in a local Spark session")
+        return None
+    try:
+        columns, rows = remote_query(info, query)
+    except ServerUnavailable as exc:
+        say(f"{exc}; running the query in a local Spark session")
+        return None
+    except LoginRefused as exc:
+        raise QueryError(str(exc)) from None
+    except ServerSideError as exc:
+        names = table_names(info) if spark_errors.unknown_relation(exc) else []
+        raise QueryError(spark_errors.describe(exc, names)) from exc
+    return columns, rows, info
+
+
 def table_names(info: ServerInfo) -> list[str]:
     """The tables and views the server registers under the lake's schema (for suggestions); [] when it cannot say."""
     try:
