@@ -43,7 +43,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from cdc_platform import lake
-from cdc_platform.lake import lake_spark, schemas
+from cdc_platform.lake import insert_new, lake_spark, schemas
 from cdc_platform.spark import spark_jobs
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.parse.envelope import KeySpec, loads_json, parse_line
@@ -320,7 +320,7 @@ def _load_snapshot(config: PlatformConfig, name: str, *, dry_run: bool, progress
     fingerprint = hashlib.blake2b("\n".join(sorted(kept.column("event_id").to_pylist())).encode(), digest_size=8).hexdigest()
     ctx = BatchContext(config, query_id=f"backfill-{name}-{fingerprint}", batch_id=0)
     if kept.num_rows:
-        lake_spark.insert_new_once(lake_spark.from_arrow(spark, kept, schemas.RAW_CHANGE_EVENTS), raw_path, "event_id", "event_date",
+        insert_new.insert_new_once(lake_spark.from_arrow(spark, kept, schemas.RAW_CHANGE_EVENTS), raw_path, "event_id", "event_date",
                                    ctx.app_id(RAW), 0, range_column="position")
     applied = apply_table(spark, config.lake, table, Events(kept), ctx=ctx, stage=LatestStateStage()) if kept.num_rows else None
     dead = [batch.dead_letters]

@@ -1,6 +1,6 @@
 """Where a batch's rows can already be in a table: the bound that keeps identity dedup's lookup the batch's size.
 
-The raw log and markers insert only ids they do not hold (`lake_spark.insert_new_once`). The lookup of held
+The raw log and markers insert only ids they do not hold (`insert_new.insert_new_once`). The lookup of held
 ids reads only the partitions the batch's rows fall in and, where the id determines a column with a range
 (a change event's source position, a marker's transaction id), only that range of it: so its cost follows
 the batch, not the table. The batch's aggregate computes the footprint as a few columns

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
 from cdc_platform.lake import schemas
 from cdc_platform.lake.table_properties import STATS_COLUMNS_PROPERTY, checkpoint_interval, stats_columns
-from cdc_platform.lake.footprints import Footprint, footprint_columns, footprint_of
 from cdc_platform.spark.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
 
@@ -388,73 +387,6 @@ def session() -> SparkSession:
     from cdc_platform.spark.session import get_spark
 
     return get_spark()
-
-
-def insert_new_once(
-    df: DataFrame,
-    path: LakePath | str,
-    id_column: str,
-    partition_column: str,
-    application: str,
-    batch: int,
-    range_column: str | None = None,
-    footprint: Footprint | None = None,
-    row_column: str | None = None,
-) -> int | None:
-    """Append the rows of `df` whose id the table lacks, once per (application, batch).
-
-    Returns the rows inserted, or None when Delta skipped the batch as already committed. The ids are
-    looked up only where they can be: the partitions the batch carries, and (with `range_column`, a
-    column the id determines, such as the source position) the batch's min/max of it, all as literals
-    from one small aggregate (`footprint`, computed here unless the caller folded it into one of its
-    own), which Delta prunes files by (partition values, then column statistics); a batch of new
-    positions reads only recent files. Bounds are left out when the batch has nulls in that column;
-    the lookup is then exact but reads the whole partitions.
-
-    Why an anti-join and an idempotent append rather than `MERGE ... WHEN NOT MATCHED INSERT`: it is
-    what Delta runs for an insert-only MERGE anyway, but an append carries `txnAppId`/`txnVersion` as
-    writer options (no session settings to guard) and the inserted count is the rows written, not a
-    `DESCRIBE HISTORY` job afterwards. One stream writes a lake, so nothing inserts between the lookup
-    and the append. The inserted count is the append's own commit metric (`rows_written`).
-
-    With `row_column` (a narrow column unique per row, such as the input order, dropped before the
-    write) the lookup joins only (id, row) and removes the known rows by that column from a broadcast
-    list, so the wide rows are written straight from where they are and never shuffled; without it
-    the rows themselves are joined.
-    """
-    from pyspark.sql import functions as F
-
-    spark = df.sparkSession
-    if footprint is None:
-        ranged = None if range_column is None else F.col(range_column)
-        summary = df.agg(*footprint_columns("", F.col(partition_column), ranged)).first()
-        assert summary is not None  # a global aggregate has one row
-        footprint = footprint_of([summary.asDict()], "", ranged=range_column is not None)
-    if footprint.rows == 0:
-        return 0  # nothing to record: a replay of an empty batch writes nothing either
-    known = read(spark, path).where(footprint.condition(partition_column, range_column)).select(id_column)
-    if row_column is None:
-        fresh = df.join(known, on=id_column, how="left_anti").select(*df.columns)
-    else:
-        redelivered = df.select(id_column, row_column).join(known, on=id_column, how="left_semi").select(row_column)
-        fresh = df.join(F.broadcast(redelivered), on=row_column, how="left_anti").select(*(c for c in df.columns if c != row_column))
-    def write() -> tuple[int, int | None]:  # again after a conflict: the lookup then reads the newer snapshot
-        return version(spark, path), save(fresh, path, "append", application, batch)
-
-    before, after = with_retries(write, what=f"insert into {Path(str(path)).name}")
-    if after is None:
-        return None
-    # Another writer (a backfill, `cdc maintain`) may have committed right after this append: the append's
-    # commit is the one in (before, after] that carries its application transaction.
-    for at in range(after, before, -1):
-        if _carries(spark, path, at, application, batch):
-            return rows_written(spark, path, at, application, batch)
-    return rows_written(spark, path, after, application, batch)  # says which commit it could not find
-
-
-def _carries(spark: SparkSession, path: LakePath | str, at_version: int, application: str, batch: int) -> bool:
-    actions = commit_actions(spark, path, at_version)
-    return actions is not None and any(a.get("txn", {}).get("appId") == application and a["txn"].get("version") == batch for a in actions)
 
 
 def rows_written(spark: SparkSession, path: LakePath | str, at_version: int, application: str | None = None, batch: int | None = None) -> int:

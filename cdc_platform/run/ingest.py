@@ -36,7 +36,7 @@ import pyarrow as pa
 from cdc_platform import lake
 from cdc_platform.sources import streams as sources
 from cdc_platform import storage
-from cdc_platform.lake import lake_spark, schemas
+from cdc_platform.lake import insert_new, lake_spark, schemas
 from cdc_platform.parse import parse_spark
 from cdc_platform.spark import spark_jobs
 from cdc_platform.config import PlatformConfig
@@ -257,12 +257,12 @@ class IngestJob:
         t = time.perf_counter()
         with spark_jobs.batch_labelled(batch_id, RAW, "raw log and markers"):
             # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
-            inserted = lake_spark.insert_new_once(
+            inserted = insert_new.insert_new_once(
                 split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
                 footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
             ) if figures_.change_events else 0
             landed[RAW] = inserted if inserted is not None else 0
-            markers_inserted = lake_spark.insert_new_once(
+            markers_inserted = insert_new.insert_new_once(
                 split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
                 range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
             ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`

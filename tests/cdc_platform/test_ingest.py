@@ -182,7 +182,7 @@ def test_a_stage_that_crashed_midway_completes_once_on_replay(make_config) -> No
 def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays_once(make_config, monkeypatch) -> None:
     """The raw log commits before the markers; a markers error fails the batch with the events landed, before
     any stage query reads it, and the replay writes only what is missing."""
-    from cdc_platform.lake import lake_spark
+    from cdc_platform.lake import insert_new
 
     cfg = make_config({"payments.customers": {"key": ["id"]}})
     stage = CountsRaw()
@@ -190,7 +190,7 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
     job.setup()
     marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
     batch = parsed_batch([event(pos=1), marker], {"payments.customers": ["id"]})
-    real = lake_spark.insert_new_once
+    real = insert_new.insert_new_once
 
     def markers_fail_once(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
         if str(path).endswith("transaction_markers") and not getattr(markers_fail_once, "failed", False):
@@ -198,7 +198,7 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
             raise OSError("disk full while writing the markers")
         return real(df, path, *args, **kwargs)
 
-    monkeypatch.setattr(lake_spark, "insert_new_once", markers_fail_once)
+    monkeypatch.setattr(insert_new, "insert_new_once", markers_fail_once)
     with pytest.raises(OSError, match="disk full"):
         job.process_parsed(batch, 0, "q")
     assert stage.seen == [], "no stage query ran on a batch the ingest did not finish"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.lake import lake_spark
+from cdc_platform.lake import insert_new, lake_spark
 
 SCHEMA = "event_id STRING, event_date DATE, v BIGINT"
 D1, D2 = dt.date(2026, 1, 1), dt.date(2026, 1, 2)
@@ -157,11 +157,11 @@ def test_the_raw_log_keeps_no_file_statistics_on_its_text_and_a_column_added_lat
 
     cols = "event_id STRING, event_date DATE, position STRING, `before` STRING, line STRING, snapshot BOOLEAN, arrival BIGINT"
     batch = spark.createDataFrame([("e1", D1, "p1", "{}", "x" * 100, False, 1), ("e2", D1, "p2", "{}", "y", False, 2)], cols)
-    assert lake_spark.insert_new_once(batch, path, "event_id", "event_date", "q:raw", 0, range_column="position") == 2
+    assert insert_new.insert_new_once(batch, path, "event_id", "event_date", "q:raw", 0, range_column="position") == 2
     adds = [a["add"] for a in _last_commit(path) if "add" in a]
     stats = json.loads(adds[0]["stats"])
     assert set(stats["minValues"]) == {"event_id", "position", "arrival"}, stats
-    assert lake_spark.insert_new_once(batch, path, "event_id", "event_date", "q:raw", 1, range_column="position") == 0
+    assert insert_new.insert_new_once(batch, path, "event_id", "event_date", "q:raw", 1, range_column="position") == 0
 
     other = tmp_path / "customers"
     lake_spark.ensure_table(spark, other, StructType.fromDDL(ddl), ["event_date"])
@@ -236,33 +236,6 @@ def test_the_checksum_path_merges_a_new_column_and_overwrites(spark: Any, table:
     assert lake_spark.save(again, table, "overwrite", "q:state", 0) is None
 
 
-def test_insert_new_once_dedups_by_identity_and_skips_a_replayed_batch(spark: Any, table: Path) -> None:
-    first = spark.createDataFrame([("a", D1, 1), ("b", D2, 2)], SCHEMA)
-    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 0) == 2
-    again = spark.createDataFrame([("a", D1, 1), ("c", D2, 3)], SCHEMA)
-    assert lake_spark.insert_new_once(again, table, "event_id", "event_date", "q:raw", 0) is None  # replay: skipped whole
-    assert lake_spark.insert_new_once(again, table, "event_id", "event_date", "q:raw", 1) == 1  # redelivered "a" inserts nothing
-    assert rows(spark, table) == [("a", D1, 1), ("b", D2, 2), ("c", D2, 3)]
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").orderBy("version").collect()
-    assert [h["operation"] for h in history] == ["CREATE TABLE", "WRITE", "WRITE"]
-
-
-def test_insert_new_once_by_a_row_column_drops_that_column_and_the_known_rows(spark: Any, table: Path) -> None:
-    first = spark.createDataFrame([("a", D1, 1)], SCHEMA)
-    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 0) == 1
-    batch = spark.createDataFrame([("a", D1, 1, 10), ("b", D1, 2, 11), ("c", D2, 3, 12)], SCHEMA + ", _seq BIGINT")
-    assert lake_spark.insert_new_once(batch, table, "event_id", "event_date", "q:raw", 1, row_column="_seq") == 2
-    assert lake_spark.read(spark, table).columns == ["event_id", "event_date", "v"]
-    assert rows(spark, table) == [("a", D1, 1), ("b", D1, 2), ("c", D2, 3)]
-
-
-def test_insert_new_once_counts_a_batch_of_nothing_but_redeliveries_as_zero(spark: Any, table: Path) -> None:
-    first = spark.createDataFrame([("a", D1, 1), ("b", D2, 2)], SCHEMA)
-    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 0) == 2
-    assert lake_spark.insert_new_once(first, table, "event_id", "event_date", "q:raw", 1) == 0  # committed (the batch is recorded), nothing added
-    assert rows(spark, table) == [("a", D1, 1), ("b", D2, 2)]
-
-
 def test_rows_written_refuses_a_commit_it_cannot_vouch_for(spark: Any, table: Path) -> None:
     from cdc_platform.errors import LakeError
 
@@ -292,12 +265,6 @@ def test_commit_actions_read_one_commit_of_the_log(spark: Any, table: Path) -> N
     assert sum(1 for a in actions if "add" in a) >= 1
     assert next(a["commitInfo"] for a in actions if "commitInfo" in a)["operationMetrics"]["numOutputRows"] == "2"
     assert lake_spark.commit_actions(spark, table, 5) is None
-
-
-def test_insert_new_once_with_nothing_to_insert(spark: Any, table: Path) -> None:
-    empty = spark.createDataFrame([], SCHEMA)
-    assert lake_spark.insert_new_once(empty, table, "event_id", "event_date", "q:raw", 0) == 0
-    assert lake_spark.version(spark, table) == 0
 
 
 def test_a_delta_spark_table_reads_in_delta_rs(spark: Any, table: Path) -> None:
@@ -410,8 +377,8 @@ def test_a_delta_rs_lake_keeps_its_exactly_once_state_under_delta_spark(spark: A
     assert not lake_spark.append_once(frame, path, "q:t", 7), "delta-spark refuses a batch delta-rs recorded"
     assert lake_spark.append_once(spark.createDataFrame([("e8", D1, 8)], SCHEMA), path, "q:t", 8)
     new = spark.createDataFrame([("m", D1, 9), ("n", D1, 10)], SCHEMA)
-    assert lake_spark.insert_new_once(new, path, "event_id", "event_date", "q:m", 0) is None, "the MERGE's batch too"
-    assert lake_spark.insert_new_once(new, path, "event_id", "event_date", "q:m", 1) == 1
+    assert insert_new.insert_new_once(new, path, "event_id", "event_date", "q:m", 0) is None, "the MERGE's batch too"
+    assert insert_new.insert_new_once(new, path, "event_id", "event_date", "q:m", 1) == 1
     expected = sorted([f"e{i}" for i in range(9)] + ["m", "n"])
     assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("event_id").to_pylist()) == expected
     assert sorted(r["event_id"] for r in lake_spark.read(spark, path).collect()) == expected

@@ -21,7 +21,7 @@ Per batch (`OutboxStage.run`, a `SparkStage`: the rows never reach the driver):
 Why an anti-join and an idempotent append rather than `MERGE ... WHEN NOT MATCHED INSERT`: a conflict must
 be told from a redelivery (same id, other content) and dead-lettered, which an insert-only MERGE would
 silently skip; and the append carries `txnAppId`/`txnVersion`, which a MERGE takes only through session
-settings (the same reasoning as the raw log's `lake_spark.insert_new_once`). One stream writes a lake, so
+settings (the same reasoning as the raw log's `insert_new.insert_new_once`). One stream writes a lake, so
 nothing inserts between the lookup and the append.
 """
 
