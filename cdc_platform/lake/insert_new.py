@@ -132,7 +132,7 @@ def candidate_files(path: LakePath | str, footprint: Footprint, partition_column
     if is_remote(path):
         return None
     try:
-        table = open_table(path)  # type: ignore[arg-type]
+        table = open_table(Path(path) if isinstance(path, str) else path)
         if table.protocol().reader_features or table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
             return None  # deletion vectors, column mapping, ...: the files alone are not the table's rows
         actions = add_actions(table).to_pydict()

@@ -101,6 +101,7 @@ def test_the_lookup_reads_only_the_files_whose_partition_and_position_range_can_
     assert files(_footprint((dt.date(2026, 1, 3),))) == []
     only = insert_new.candidate_files(ranged, _footprint((D1,), _position(200), _position(200)), "event_date", "position")
     assert only is not None and all(Path(f).is_file() and Path(f).is_absolute() for f in only)
+    assert insert_new.candidate_files(str(ranged), _footprint((D1,), _position(200), _position(200)), "event_date", "position") == only
 
     # a redelivery of the last position of a file (its truncated maximum) and one new event: one row lands
     again = spark.createDataFrame([("b", D1, _position(200), 2), ("e", D1, _position(201), 5)], RANGED)
