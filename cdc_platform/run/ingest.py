@@ -253,30 +253,36 @@ class IngestJob:
         # heartbeats and schema-change records are counted, not stored (control_records.py)
         figures.update({k: float(v) for k, v in (("ingest.heartbeats", figures_.heartbeats), ("ingest.schema_changes", figures_.schema_changes)) if v})
 
-        # The raw log, then the markers (a reader never sees an END before its events).
-        t = time.perf_counter()
-        with spark_jobs.batch_labelled(batch_id, RAW, "raw log and markers"):
-            # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
-            inserted = insert_new.insert_new_once(
-                split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
-                footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
-            ) if figures_.change_events else 0
-            landed[RAW] = inserted if inserted is not None else 0
-            markers_inserted = insert_new.insert_new_once(
-                split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
-                range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
-            ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
-            landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
-        seconds["raw"] = time.perf_counter() - t
-        distinct = figures_.distinct_events + figures_.distinct_markers
-        duplicates = figures_.in_batch_duplicates + (0 if inserted is None else distinct - landed[RAW] - landed[MARKERS])
+        def raw_log_and_markers() -> int | None:
+            """The raw log, then the markers (a reader never sees an END before its events)."""
+            t = time.perf_counter()
+            with spark_jobs.batch_labelled(batch_id, RAW, "raw log and markers"):
+                # An empty side writes nothing (as `insert_new_once` itself decides), without its Spark jobs.
+                inserted = insert_new.insert_new_once(
+                    split.events, self.path(RAW), "event_id", "event_date", ctx.app_id(RAW), batch_id, range_column="position",
+                    footprint=figures_.events_footprint, row_column=parse_spark.SEQ,
+                ) if figures_.change_events else 0
+                landed[RAW] = inserted if inserted is not None else 0
+                markers_inserted = insert_new.insert_new_once(
+                    split.markers, self.path(MARKERS), "marker_id", "marker_date", ctx.app_id(MARKERS), batch_id,
+                    range_column="transaction_id", footprint=figures_.markers_footprint, row_column=parse_spark.SEQ,
+                ) if figures_.markers else 0  # the marker id is `<transaction id>|<status>`
+                landed[MARKERS] = markers_inserted if markers_inserted is not None else 0
+            seconds["raw"] = time.perf_counter() - t
+            return inserted
 
-        t = time.perf_counter()
-        if figures_.dead_letters:
+        def dead_letters() -> None:
+            """The lines no event came of: no reader orders them against the raw log, so they commit beside it."""
+            t = time.perf_counter()
             with spark_jobs.batch_labelled(batch_id, DEAD_LETTER, "dead letters"):
                 if lake_spark.append_once(split.dead_letters, self.path(DEAD_LETTER), ctx.app_id(DEAD_LETTER), batch_id):
                     landed[DEAD_LETTER] = figures_.dead_letters
-        seconds["dead_letter"] = time.perf_counter() - t
+            seconds["dead_letter"] = time.perf_counter() - t
+
+        seconds["dead_letter"] = 0.0
+        inserted = spark_jobs.side_by_side([raw_log_and_markers, dead_letters])[0] if figures_.dead_letters else raw_log_and_markers()
+        distinct = figures_.distinct_events + figures_.distinct_markers
+        duplicates = figures_.in_batch_duplicates + (0 if inserted is None else distinct - landed[RAW] - landed[MARKERS])
 
         report = BatchReport(
             batch_id=batch_id,

@@ -210,6 +210,67 @@ def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays
     assert stage.seen == [(1, 1)], "the stage query read the batch once, events and markers committed"
 
 
+def test_a_failed_dead_letter_write_leaves_the_raw_log_whole_and_the_replay_writes_it_once(make_config, monkeypatch) -> None:
+    """The ingest's dead letters commit beside the raw log and markers: one failing does not stop the other
+    half-way, the batch fails (no metrics row, no stage query), and the replay writes only the dead letters."""
+    from cdc_platform.lake import lake_spark
+
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    stage = CountsRaw()
+    job = IngestJob(cfg, stages=[stage])
+    job.setup()
+    marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
+    batch = parsed_batch([event(pos=1), marker, "not json"], {"payments.customers": ["id"]})
+    real = lake_spark.append_once
+
+    def dead_letters_fail_once(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith("dead_letter") and not getattr(dead_letters_fail_once, "failed", False):
+            dead_letters_fail_once.failed = True  # type: ignore[attr-defined]
+            raise OSError("disk full while writing the dead letters")
+        return real(df, path, *args, **kwargs)
+
+    monkeypatch.setattr(lake_spark, "append_once", dead_letters_fail_once)
+    with pytest.raises(OSError, match="disk full"):
+        job.process_parsed(batch, 0, "q")
+    assert stage.seen == [], "no stage query ran on a batch the ingest did not finish"
+    assert lake.open_table(job.path("pipeline_metrics")).to_pyarrow_table().num_rows == 0
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("transaction_markers")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 0
+    replay = job.process_parsed(batch, 0, "q")
+    assert replay.rows_landed["raw_change_events"] == 0 and replay.rows_landed["transaction_markers"] == 0
+    assert replay.rows_landed["dead_letter"] == 1
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 1
+    assert stage.seen == [(1, 1)]
+
+
+def test_the_dead_letters_commit_beside_a_failing_raw_log_and_are_not_written_again(make_config, monkeypatch) -> None:
+    """Side by side, the dead letters' append runs to its end while the raw log fails; the replay skips it."""
+    from cdc_platform.lake import insert_new
+
+    cfg = make_config({"payments.customers": {"key": ["id"]}})
+    job = IngestJob(cfg, stages=[])
+    job.setup()
+    batch = parsed_batch([event(pos=1), "not json"], {"payments.customers": ["id"]})
+    real = insert_new.insert_new_once
+
+    def raw_fails_once(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(raw_fails_once, "failed", False):
+            raw_fails_once.failed = True  # type: ignore[attr-defined]
+            raise OSError("disk full while writing the raw log")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(insert_new, "insert_new_once", raw_fails_once)
+    with pytest.raises(OSError, match="disk full"):
+        job.process_parsed(batch, 0, "q")
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
+    assert lake.open_table(job.path("raw_change_events")).to_pyarrow_table().num_rows == 0
+    replay = job.process_parsed(batch, 0, "q")
+    assert replay.rows_landed["raw_change_events"] == 1 and "dead_letter" not in replay.rows_landed
+    assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
+
+
 class CountsRaw:
     """A Spark stage that notes its batch's events and markers (it reads the markers beside the raw log)."""
 
