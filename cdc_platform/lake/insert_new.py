@@ -151,7 +151,7 @@ def candidate_files(path: LakePath | str, footprint: Footprint, partition_column
     found = []
     for i, relative in enumerate(paths):
         part = partitions[i]  # type: ignore[index]
-        if not (part is None and footprint.null_part) and (part is None or _key(part) not in wanted):
+        if not (footprint.null_part if part is None else _key(part) in wanted):
             continue
         if highs is not None and not _may_overlap(lows[i], highs[i], footprint.lo, footprint.hi):  # type: ignore[index]
             continue
@@ -168,7 +168,10 @@ def _may_overlap(low: Any, high: Any, lo: Any, hi: Any) -> bool:
     """Whether a file whose column lies in [low, high] (None: unknown) can hold a value in [lo, hi]."""
     if low is None or high is None:
         return True
-    return not (high < lo or low > hi)
+    try:
+        return not (high < lo or low > hi)
+    except TypeError:  # statistics of another type than the batch's values: nothing to prune by
+        return True
 
 
 def read_ids(spark: SparkSession, files: Sequence[str], id_column: str) -> DataFrame:

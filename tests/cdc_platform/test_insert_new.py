@@ -142,3 +142,10 @@ def test_a_table_with_column_mapping_is_looked_up_through_deltas_own_read(spark:
     assert insert_new.candidate_files(table, _footprint((D1,)), "event_date", None) is None
     assert insert_new.insert_new_once(first, table, "event_id", "event_date", "q:raw", 1) == 0
     assert rows(spark, table) == [("a", D1, 1)]
+
+
+def test_a_file_is_a_candidate_unless_its_statistics_rule_it_out() -> None:
+    assert insert_new._may_overlap(None, "b", "a", "a"), "no statistics: a candidate"
+    assert not insert_new._may_overlap("c", "d", "a", "b") and not insert_new._may_overlap("a", "b", "c", "d")
+    assert insert_new._may_overlap("0001", "0002\x7f", "00029", "00029"), "a truncated maximum keeps every value of its prefix"
+    assert insert_new._may_overlap(1, 5, "a", "b"), "statistics of another type prune nothing"
