@@ -179,26 +179,36 @@ def test_a_stage_that_crashed_midway_completes_once_on_replay(make_config) -> No
     assert len(metrics) == 1 and dict(metrics[0]["stage_figures"]) == {}
 
 
+BEGIN = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
+
+
+def counted_job(make_config: Callable[..., PlatformConfig], lines: list[str]) -> tuple[IngestJob, CountsRaw, pa.Table]:
+    """An ingest job over one keyed table with a `CountsRaw` stage, set up, and a parsed batch of `lines`."""
+    job = IngestJob(make_config({"payments.customers": {"key": ["id"]}}), stages=[stage := CountsRaw()])
+    job.setup()
+    return job, stage, parsed_batch(lines, {"payments.customers": ["id"]})
+
+
+def fails_once(real: Callable[..., Any], table: str, message: str) -> Callable[..., Any]:
+    """`real` (a write taking the frame, then the table's path), except that its first call for `table` raises OSError."""
+    failed: list[bool] = []
+
+    def write(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(table) and not failed:
+            failed.append(True)
+            raise OSError(message)
+        return real(df, path, *args, **kwargs)
+
+    return write
+
+
 def test_a_failed_marker_write_fails_the_batch_after_the_events_land_and_replays_once(make_config, monkeypatch) -> None:
     """The raw log commits before the markers; a markers error fails the batch with the events landed, before
     any stage query reads it, and the replay writes only what is missing."""
     from cdc_platform.lake import insert_new
 
-    cfg = make_config({"payments.customers": {"key": ["id"]}})
-    stage = CountsRaw()
-    job = IngestJob(cfg, stages=[stage])
-    job.setup()
-    marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
-    batch = parsed_batch([event(pos=1), marker], {"payments.customers": ["id"]})
-    real = insert_new.insert_new_once
-
-    def markers_fail_once(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(path).endswith("transaction_markers") and not getattr(markers_fail_once, "failed", False):
-            markers_fail_once.failed = True  # type: ignore[attr-defined]
-            raise OSError("disk full while writing the markers")
-        return real(df, path, *args, **kwargs)
-
-    monkeypatch.setattr(insert_new, "insert_new_once", markers_fail_once)
+    job, stage, batch = counted_job(make_config, [event(pos=1), BEGIN])
+    monkeypatch.setattr(insert_new, "insert_new_once", fails_once(insert_new.insert_new_once, "transaction_markers", "disk full while writing the markers"))
     with pytest.raises(OSError, match="disk full"):
         job.process_parsed(batch, 0, "q")
     assert stage.seen == [], "no stage query ran on a batch the ingest did not finish"
@@ -215,21 +225,8 @@ def test_a_failed_dead_letter_write_leaves_the_raw_log_whole_and_the_replay_writ
     half-way, the batch fails (no metrics row, no stage query), and the replay writes only the dead letters."""
     from cdc_platform.lake import lake_spark
 
-    cfg = make_config({"payments.customers": {"key": ["id"]}})
-    stage = CountsRaw()
-    job = IngestJob(cfg, stages=[stage])
-    job.setup()
-    marker = json.dumps({"status": "BEGIN", "id": "tx-1", "ts_ms": 1767225600000, "event_count": None, "data_collections": None})
-    batch = parsed_batch([event(pos=1), marker, "not json"], {"payments.customers": ["id"]})
-    real = lake_spark.append_once
-
-    def dead_letters_fail_once(df: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
-        if str(path).endswith("dead_letter") and not getattr(dead_letters_fail_once, "failed", False):
-            dead_letters_fail_once.failed = True  # type: ignore[attr-defined]
-            raise OSError("disk full while writing the dead letters")
-        return real(df, path, *args, **kwargs)
-
-    monkeypatch.setattr(lake_spark, "append_once", dead_letters_fail_once)
+    job, stage, batch = counted_job(make_config, [event(pos=1), BEGIN, "not json"])
+    monkeypatch.setattr(lake_spark, "append_once", fails_once(lake_spark.append_once, "dead_letter", "disk full while writing the dead letters"))
     with pytest.raises(OSError, match="disk full"):
         job.process_parsed(batch, 0, "q")
     assert stage.seen == [], "no stage query ran on a batch the ingest did not finish"
@@ -249,19 +246,8 @@ def test_the_dead_letters_commit_beside_a_failing_raw_log_and_are_not_written_ag
     """Side by side, the dead letters' append runs to its end while the raw log fails; the replay skips it."""
     from cdc_platform.lake import insert_new
 
-    cfg = make_config({"payments.customers": {"key": ["id"]}})
-    job = IngestJob(cfg, stages=[])
-    job.setup()
-    batch = parsed_batch([event(pos=1), "not json"], {"payments.customers": ["id"]})
-    real = insert_new.insert_new_once
-
-    def raw_fails_once(*args: Any, **kwargs: Any) -> Any:
-        if not getattr(raw_fails_once, "failed", False):
-            raw_fails_once.failed = True  # type: ignore[attr-defined]
-            raise OSError("disk full while writing the raw log")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(insert_new, "insert_new_once", raw_fails_once)
+    job, _, batch = counted_job(make_config, [event(pos=1), "not json"])
+    monkeypatch.setattr(insert_new, "insert_new_once", fails_once(insert_new.insert_new_once, "raw_change_events", "disk full while writing the raw log"))
     with pytest.raises(OSError, match="disk full"):
         job.process_parsed(batch, 0, "q")
     assert lake.open_table(job.path("dead_letter")).to_pyarrow_table().num_rows == 1
