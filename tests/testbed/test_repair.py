@@ -299,9 +299,13 @@ def test_lost_and_changed_rows_are_repaired_from_the_cli_while_a_workload_writes
             out = capsys.readouterr().out
             committer.join(timeout=60)
             # The repair reads coverage itself, while the workload writes: a new row the stream has not landed yet may be
-            # asked for beside the 8 (re-reading it is harmless); every key asked for landed.
+            # asked for beside the 8 (re-reading it is harmless), and a lost or changed key the workload updated before
+            # that read has landed through the connector already (its update carries the whole row) and is not asked
+            # for. The in-flight key and the two the workload deletes after the signal are never healed that way: at
+            # least those 3 are asked. Every key asked for landed; the lake equals the source at the end either way.
             asked = int(out.split(": repaired: ")[1].split()[0]) if ": repaired: " in out else 0
-            assert code == 0 and asked >= 8 and out.startswith(f"{ACC}: repaired: {asked} of {asked} re-read key(s) landed"), out
+            unhealed = 1 + len(DELETED)
+            assert code == 0 and asked >= unhealed and out.startswith(f"{ACC}: repaired: {asked} of {asked} re-read key(s) landed"), out
             assert "1 of 1 row(s) the source no longer has removed" in out, out
         finally:
             workload.stop.set()
