@@ -135,9 +135,12 @@ def candidate_files(path: LakePath | str, footprint: Footprint, partition_column
         table = open_table(Path(path) if isinstance(path, str) else path)
         if table.protocol().reader_features or table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
             return None  # deletion vectors, column mapping, ...: the files alone are not the table's rows
-        actions = add_actions(table).to_pydict()
+        files = add_actions(table)
     except DeltaError:
         return None
+    # Only the four columns the pruning reads become Python values (a file has ~60 statistics columns).
+    wanted_columns = ["path", f"partition.{partition_column}", *(f"{b}.{range_column}" for b in ("min", "max") if range_column is not None)]
+    actions = files.select([c for c in wanted_columns if c in files.column_names]).to_pydict()
     paths = actions.get("path", [])
     if any("%" in p or ":" in p or p.startswith("/") for p in paths):
         return None  # an escaped, absolute or URI path (a clone's): Delta resolves those
