@@ -106,6 +106,29 @@ def test_the_spark_stage_lands_what_the_driver_stage_lands_on_random_batches(
     assert on_executors().driver_stage_for(one, ctx) is None
 
 
+def test_the_driver_takes_larger_batches_in_local_mode_than_on_a_cluster(
+    make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In local mode the executors are the driver's own cores: a batch up to `LOCAL_BATCH_ROWS` folds on the
+    driver there, where on a cluster one over `SMALL_BATCH_ROWS` goes to the executors' buckets."""
+    cfg = make_config(TABLES)
+    IngestJob(cfg, stages=[S.SparkTransactionStage()]).setup(spark)
+    ctx = BatchContext(cfg, "q", 0)
+
+    def batch(rows: int) -> SparkBatch:
+        return SparkBatch(0, spark.range(0), spark.range(0), frozenset(), dt.datetime.now(dt.timezone.utc), event_count=rows, marker_count=rows)
+
+    assert S.local_mode(), "the suite's session runs in local mode"
+    stage = S.SparkTransactionStage()
+    assert isinstance(stage.driver_stage_for(batch(S.SMALL_BATCH_ROWS), ctx), T.TransactionStage)
+    assert isinstance(stage.driver_stage_for(batch(S.LOCAL_BATCH_ROWS // 2), ctx), T.TransactionStage)
+    assert stage.driver_stage_for(batch(S.LOCAL_BATCH_ROWS // 2 + 1), ctx) is None
+    monkeypatch.setattr(S, "local_mode", lambda: False)
+    assert isinstance(stage.driver_stage_for(batch(S.SMALL_BATCH_ROWS // 2), ctx), T.TransactionStage)
+    assert stage.driver_stage_for(batch(S.SMALL_BATCH_ROWS // 2 + 1), ctx) is None
+    assert isinstance(S.SparkTransactionStage(small_batch_rows=10_000).driver_stage_for(batch(5_000), ctx), T.TransactionStage)
+
+
 def test_events_without_a_source_time_still_move_the_watermark(
     make_config: Callable[..., PlatformConfig], tmp_path: Path, spark: Any
 ) -> None:

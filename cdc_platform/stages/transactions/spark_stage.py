@@ -22,7 +22,9 @@ What stays on the driver: the stream clocks and per-source marks (a few rows, ca
 and stamped with the state table's version like `TransactionStage`'s held state), and the
 version reads of small tables through delta-rs. A small batch over a small state (a quiet stream's, a
 new lake's first few events) is run whole by the driver stage instead (`driver_stage_for`): the
-executors' fold has a fixed cost of several jobs that such a batch does not pay back.
+executors' fold has a fixed cost of several jobs that such a batch does not pay back. In local mode, where
+the executors are the driver's own cores, so is any batch up to a million events and markers
+(`LOCAL_BATCH_ROWS`): there the buckets buy no core and cost the shuffle and the Python workers' round trips.
 """
 
 from __future__ import annotations
@@ -73,16 +75,24 @@ IDLE_EVERY_SECONDS = 5.0
 GLOBAL_COLUMNS = ("entry", "stream", "source", "event_time", "watermark_position", "watermark_ts", "settled_position", "settled_ts")
 #: The bucket column of the cogroup.
 BUCKET = "_bucket"
-#: A batch of at most this many events and markers, over a state of at most `SMALL_STATE_ROWS` held transactions,
-#: runs the driver stage's step (`TransactionStage`, the same `settle`, landing the same rows) instead of the
-#: executors' buckets: collecting it costs less than the cogroup's fixed cost (its Python workers, the summaries'
-#: collect, the watermark's aggregate and the decoded writes). Measured on a new lake, 66 lines of 20
-#: transactions: the stage's batch 2.9 s against 3.5-3.7 s on the executors; at ~300 lines the two were level
-#: (benchmarks/README.md, "A tenth session on issue 44").
+#: Where the fold of a batch runs. On a cluster, a batch of at most `SMALL_BATCH_ROWS` events and markers, over a
+#: state of at most `SMALL_STATE_ROWS` held transactions, runs the driver stage's step (`TransactionStage`, the same
+#: `settle`, landing the same rows) instead of the executors' buckets: collecting it costs less than the cogroup's
+#: fixed cost (its Python workers, the summaries' collect, the watermark's aggregate and the decoded writes).
+#: Measured on a new lake, 66 lines of 20 transactions: the stage's batch 2.9 s against 3.5-3.7 s on the executors;
+#: at ~300 lines the two were level (benchmarks/README.md, "A tenth session on issue 44"). Above them the executors'
+#: cores pay back, and the driver would hold the whole state.
 SMALL_BATCH_ROWS = 100
-#: Above this many held transactions (open ones, and finished ones remembered for lateness) the driver would read
-#: the whole state to take a small batch: the executors' fold reads only the buckets it needs.
 SMALL_STATE_ROWS = 5_000
+#: The same bounds in local mode (`local[n]`), where the executors are threads of the driver's own JVM on the same
+#: cores: the buckets buy no core there and cost the shuffle of the row images, the Python workers' round trips and
+#: the parts' encoding and decoding. Measured on local[2] (benchmarks/README.md, "A fifteenth session"): 125,000
+#: events and markers a batch, eight batches, the stage 3.4-4.6 s a batch on the driver against 5.9-8.9 s on the
+#: executors; one batch of 1,010,000, 18.1-20.5 s against 23.6-35.7 s. Bounded so that the driver never collects
+#: a stage batch of any size (`run.stage_queries.MAX_BYTES_PER_TRIGGER` reads up to ~4M rows at once) or holds a
+#: state it cannot: beyond them the executors fold it as on a cluster.
+LOCAL_BATCH_ROWS = 1_000_000
+LOCAL_STATE_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -102,12 +112,13 @@ class SparkTransactionStage:
     name = "transactions"
     reads_markers = True  # its query reads the transaction markers beside the raw log (run/stage_queries.py)
 
-    def __init__(self, buckets: int | None = None, *, probe: Any = None, small_batch_rows: int = SMALL_BATCH_ROWS,
-                 small_state_rows: int = SMALL_STATE_ROWS) -> None:
+    def __init__(self, buckets: int | None = None, *, probe: Any = None, small_batch_rows: int | None = None,
+                 small_state_rows: int | None = None) -> None:
         """`buckets`: how many groups the transactions are hashed into (default: Spark's shuffle partitions).
         `probe`: a test hook run on each group's events and markers before they settle (`FoldContext.probe`).
         `small_batch_rows`, `small_state_rows`: the most events and markers, and held transactions, of a batch the
-        driver stage runs (`driver_stage_for`); `small_batch_rows=0`: every batch on the executors."""
+        driver stage runs (`driver_stage_for`; default: `LOCAL_*` in local mode, `SMALL_*` on a cluster);
+        `small_batch_rows=0`: every batch on the executors."""
         self._probe = probe
         self._small_batch_rows = small_batch_rows
         self._small_state_rows = small_state_rows
@@ -142,17 +153,25 @@ class SparkTransactionStage:
         return found
 
     def driver_stage_for(self, batch: SparkBatch, ctx: BatchContext) -> TransactionStage | None:
-        """The driver stage for a small batch over a small state (`SMALL_BATCH_ROWS`, `SMALL_STATE_ROWS`), else None.
+        """The driver stage for a batch and state within the driver's bounds (`SMALL_*` on a cluster, `LOCAL_*` in
+        local mode, or the constructor's), else None.
 
         Both stages read and write the same tables under the same guards, and each takes the state from the
         table when its version is not one it stamped itself, so a stream may switch between them at any batch."""
         counted = (batch.event_count, batch.marker_count)
-        if self._probe is not None or None in counted or sum(counted) > self._small_batch_rows:  # type: ignore[arg-type]
+        batch_rows, state_rows = self._bounds()
+        if self._probe is not None or None in counted or sum(counted) > batch_rows:  # type: ignore[arg-type]
             return None  # a batch built without its counts (a tool's) is not known to be small
         path = self._path(ctx.config, OPEN_TRANSACTIONS)
         with self._lock:
             held = self._globals(path, lake.open_table(path))
-        return self._driver if held.held_count <= self._small_state_rows else None
+        return self._driver if held.held_count <= state_rows else None
+
+    def _bounds(self) -> tuple[int, int]:
+        """The most events and markers, and held transactions, the driver stage takes (see `LOCAL_BATCH_ROWS`)."""
+        local = local_mode()
+        return (self._small_batch_rows if self._small_batch_rows is not None else LOCAL_BATCH_ROWS if local else SMALL_BATCH_ROWS,
+                self._small_state_rows if self._small_state_rows is not None else LOCAL_STATE_ROWS if local else SMALL_STATE_ROWS)
 
     def _orphans(self, spark: Any, config: PlatformConfig, state: Any, open_count: int) -> frozenset[str]:
         """Open transactions an idle expiry wrote as expired but died before committing the state (once per process).
@@ -302,6 +321,11 @@ class SparkTransactionStage:
 
 
 # --- Spark plumbing ----------------------------------------------------------------------------------------
+
+def local_mode() -> bool:
+    """Whether the session runs in local mode (`local`, `local[n]`, `local[*]`): its executors share the driver's cores."""
+    return str(lake_spark.session().sparkContext.master).startswith("local")
+
 
 def _inputs(spark: Any, batch: SparkBatch | None) -> tuple[Any, Any]:
     """The batch's events and markers with the columns the stage reads (empty frames for an idle tick)."""
