@@ -23,7 +23,7 @@ and stamped with the state table's version like `TransactionStage`'s held state)
 version reads of small tables through delta-rs. A small batch over a small state (a quiet stream's, a
 new lake's first few events) is run whole by the driver stage instead (`driver_stage_for`): the
 executors' fold has a fixed cost of several jobs that such a batch does not pay back. In local mode, where
-the executors are the driver's own cores, so is any batch up to a million events and markers
+the executors are the driver's own cores, so is any batch up to half a million events and markers
 (`LOCAL_BATCH_ROWS`): there the buckets buy no core and cost the shuffle and the Python workers' round trips.
 """
 
@@ -88,10 +88,12 @@ SMALL_STATE_ROWS = 5_000
 #: cores: the buckets buy no core there and cost the shuffle of the row images, the Python workers' round trips and
 #: the parts' encoding and decoding. Measured on local[2] (benchmarks/README.md, "A fifteenth session"): 125,000
 #: events and markers a batch, eight batches, the stage 3.4-4.6 s a batch on the driver against 5.9-8.9 s on the
-#: executors; one batch of 1,010,000, 18.1-20.5 s against 23.6-35.7 s. Bounded so that the driver never collects
-#: a stage batch of any size (`run.stage_queries.MAX_BYTES_PER_TRIGGER` reads up to ~4M rows at once) or holds a
-#: state it cannot: beyond them the executors fold it as on a cluster.
-LOCAL_BATCH_ROWS = 1_000_000
+#: executors; one batch of 1,010,000, 18.1-20.5 s against 23.6-35.7 s. Bounded because the driver's Python holds
+#: the collected batch: ~2 KB a row at its peak (5.2 GB for one stage batch of 2.5M rows, `cdc run` of 1M change
+#: events, where that batch then took 91 s against 115 s on the executors), so about 1 GB at this bound; a stage
+#: batch may be ~4M rows (`run.stage_queries.MAX_BYTES_PER_TRIGGER`), and beyond the bounds the executors fold it
+#: as on a cluster.
+LOCAL_BATCH_ROWS = 500_000
 LOCAL_STATE_ROWS = 1_000_000
 
 
