@@ -329,7 +329,16 @@ def allow_any_column_names(spark: SparkSession, path: LakePath | str) -> None:
 
 
 def is_table(spark: SparkSession, path: LakePath | str) -> bool:
-    """Whether `path` holds a Delta table (a committed log), without reading it."""
+    """Whether `path` holds a Delta table (a committed log), without reading it.
+
+    From the log itself (`_log_version`: Delta's log handle updated), not `DeltaTable.isDeltaTable`, which
+    answers from the handle's cached snapshot: while another thread's first commit of the table was still in
+    its post-commit steps, that said "no table" with the commit on disk (a backfill beside the stream's first
+    start). `isDeltaTable` stays the answer where the handle cannot be reached (Spark Connect).
+    """
+    current = _log_version(spark, path)
+    if current is not None:
+        return current >= 0
     from delta.tables import DeltaTable
 
     return bool(DeltaTable.isDeltaTable(spark, location(path)))

@@ -414,3 +414,19 @@ def test_a_conflict_that_never_clears_is_one_clear_error() -> None:
 
     with pytest.raises(CommitConflictError, match="append to customers: the commit kept conflicting .* after 2 attempts"):
         lake_spark.with_retries(commit, what="append to customers", attempts=2)
+
+
+def test_is_table_sees_a_table_committed_after_a_check_said_it_was_not_there(spark: Any, tmp_path: Path) -> None:
+    """`is_table` answers from the log, not from Delta's cached handle of the path: a check before the table existed
+    does not make it say "no table" once another writer has committed it, and asking about a path creates nothing
+    there. (The race that made it read the log: `test_backfill`'s backfills racing the stream's first start.)"""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = tmp_path / "later"
+    assert not lake_spark.is_table(spark, path)
+    write_deltalake(str(path), pa.table({"id": [1]}))  # committed by another writer than this JVM's handle
+    assert lake_spark.is_table(spark, path)
+    assert not lake_spark.is_table(spark, tmp_path / "never") and not (tmp_path / "never").exists()
+    (tmp_path / "plain").mkdir()
+    assert not lake_spark.is_table(spark, tmp_path / "plain"), "a folder without a Delta log is no table"
