@@ -331,17 +331,18 @@ def allow_any_column_names(spark: SparkSession, path: LakePath | str) -> None:
 def is_table(spark: SparkSession, path: LakePath | str) -> bool:
     """Whether `path` holds a Delta table (a committed log), without reading it.
 
-    From the log itself (`_log_version`: Delta's log handle updated), not `DeltaTable.isDeltaTable`, which
-    answers from the handle's cached snapshot: while another thread's first commit of the table was still in
-    its post-commit steps, that said "no table" with the commit on disk (a backfill beside the stream's first
-    start). `isDeltaTable` stays the answer where the handle cannot be reached (Spark Connect).
+    `DeltaTable.isDeltaTable` answers from the cached snapshot of Delta's log handle, which can be behind
+    the log: while another thread's first commit of the table was still in its post-commit steps, it said
+    "no table" with the commit on disk (a backfill beside the stream's first start). Only that answer is
+    checked against the log itself (`_log_version`: the handle updated); a "yes" costs no listing, as on the
+    latest-state stage's path, whose next step reads the table anyway.
     """
-    current = _log_version(spark, path)
-    if current is not None:
-        return current >= 0
     from delta.tables import DeltaTable
 
-    return bool(DeltaTable.isDeltaTable(spark, location(path)))
+    if DeltaTable.isDeltaTable(spark, location(path)):
+        return True
+    current = _log_version(spark, path)  # None: no handle to update here (Spark Connect)
+    return current is not None and current >= 0
 
 
 def partition_rows(spark: SparkSession, path: LakePath | str, column: str) -> dict[Any, int]:
