@@ -250,18 +250,27 @@ def test_an_event_a_bucket_cannot_take_is_a_dead_letter_with_its_line_and_the_re
     assert ids(cfg, T.TRANSACTIONS) == ["g:1"], "the rest landed"
 
 
+@pytest.mark.parametrize("where", ["executors", "driver"])
 def test_a_quiet_stream_expires_open_transactions_by_idle_time_and_a_later_end_is_late(
-    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch
+    make_config: Callable[..., PlatformConfig], land: Callable[..., Path], spark: Any, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
+    """The same expiry whichever way it runs: on the executors (forced) or, the default in local mode with a state
+    inside the driver's bound, by the driver stage (and then no Spark fold at all)."""
     monkeypatch.setattr(S, "IDLE_EVERY_SECONDS", 0.0)
     cfg = make_config(TABLES, transaction_timeout=1)
     land(None, [begin("g:1", 1), ev("g:1", "charges", 101, 1)])
-    stage = on_executors()
+    stage = on_executors() if where == "executors" else S.SparkTransactionStage()
     job = IngestJob(cfg, stages=[stage])
     job.run_available_now(spark)
     ctx = BatchContext(cfg, job.query_id(), 0)
+    folds: list[str] = []
+    parts = S._parts
+    monkeypatch.setattr(S, "_parts", lambda *a, **k: folds.append("executors") or parts(*a, **k))
+    driver_idle = stage._driver.on_idle
+    monkeypatch.setattr(stage._driver, "on_idle", lambda *a: folds.append("driver") or driver_idle(*a))
     assert stage.on_idle(ctx, 0.5) is None, "not idle for the timeout yet"
     result = stage.on_idle(ctx, 5.0)
+    assert folds == [where]
     assert result is not None and result.rows_landed == {T.INCOMPLETE: 1}
     rows = lake.open_table(lake.table_path(cfg.lake, T.INCOMPLETE)).to_pyarrow_table().to_pylist()
     assert [(r["transaction_id"], r["reason"], r["expired_by"]) for r in rows] == [("g:1", T.MISSING_END, T.PROCESSING_TIME)]

@@ -307,17 +307,23 @@ class SparkTransactionStage:
     def on_idle(self, ctx: BatchContext, idle_seconds: float) -> StageResult | None:
         """`cdc stream` received nothing for `idle_seconds`: advance event time by that much and expire what is due.
 
-        Each evaluation is a Spark job over the open transactions, so a quiet stream runs one at most
-        every `IDLE_EVERY_SECONDS` (the expiry is that much later at worst), and none when nothing is open.
+        A quiet stream evaluates at most every `IDLE_EVERY_SECONDS` (the expiry is that much later at worst), and
+        never when nothing is open. A state within the driver's bound (`_bounds`; a batch of no rows is within any
+        but 0) is evaluated by the driver stage, as a batch would be: in local mode the executors' job over the
+        held transactions is the same fold with the rows moved to Python workers and back.
         """
         config = ctx.config
         if idle_seconds < config.transaction_timeout or time.monotonic() - self._idle_checked < IDLE_EVERY_SECONDS:
             return None
         with self._lock:
             path = self._path(config, OPEN_TRANSACTIONS)
-            if self._globals(path, lake.open_table(path)).open_count == 0 or replay_pending(ctx):
+            held = self._globals(path, lake.open_table(path))
+            if held.open_count == 0 or replay_pending(ctx):
                 return None
             self._idle_checked = time.monotonic()
+            batch_rows, state_rows = self._bounds()
+            if self._probe is None and batch_rows > 0 and held.held_count <= state_rows:
+                return self._driver.on_idle(ctx, idle_seconds)
             result = self._run(None, ctx, idle_us=int(idle_seconds * 1_000_000))
             return result if result.rows_landed or result.figures else None
 
