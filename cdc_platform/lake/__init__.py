@@ -1,6 +1,7 @@
 """The lake's driver-side reads through delta-rs, and the registry.
 
-Every table is written through delta-spark (`lake_spark`, the stages, maintenance). What stays here
+Every table is written through delta-spark (`lake_spark`, the stages, maintenance; a new local table's empty
+first commit is delta-rs's, `lake_spark.ensure_table`). What stays here
 are the reads a driver answers without a Spark job: a table's version and application transactions
 (`already_committed`), its log statistics (rows, files, newest times) for checks, sensors and asset
 metadata, and small tables the stages hold on the driver (the transaction state). delta-rs answers

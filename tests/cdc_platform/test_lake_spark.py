@@ -36,6 +36,57 @@ def test_ensure_table_is_idempotent_and_partitions(spark: Any, table: Path) -> N
     assert detail["partitionColumns"] == ["event_date"]
 
 
+def _log_actions(path: Path, version: int = 0) -> dict[str, Any]:
+    import json
+
+    actions = [json.loads(line) for line in (path / "_delta_log" / f"{version:020d}.json").read_text(encoding="utf-8").splitlines()]
+    return {kind: body for action in actions for kind, body in action.items()}
+
+
+def test_a_new_table_is_the_table_delta_spark_creates_with_its_checksum(spark: Any, tmp_path: Path) -> None:
+    """`ensure_table` writes version 0 with delta-rs and its checksum with Delta Kernel: the protocol, schema,
+    partition columns and properties delta-spark's own `createIfNotExists` writes, and a checksum listing no
+    application transactions, so the first idempotent write is already `OnceWrite`'s (no state reconstruction)."""
+    import json
+
+    from pyspark.sql.types import StructType
+
+    schema = StructType.fromDDL("event_id STRING NOT NULL, event_date DATE NOT NULL, v BIGINT, m MAP<STRING, BIGINT>, t TIMESTAMP")
+    ours, theirs = tmp_path / "raw", tmp_path / "raw_by_spark"
+    lake_spark.ensure_table(spark, ours, schema, ["event_date"])
+    lake_spark._create_with_spark(spark, theirs, schema, ["event_date"], {"delta.checkpointInterval": str(lake_spark.checkpoint_interval("raw"))})
+    a, b = _log_actions(ours), _log_actions(theirs)
+    assert a["protocol"] == b["protocol"] == {"minReaderVersion": 1, "minWriterVersion": 2}
+    assert json.loads(a["metaData"]["schemaString"]) == json.loads(b["metaData"]["schemaString"])
+    assert a["metaData"]["partitionColumns"] == b["metaData"]["partitionColumns"] == ["event_date"]
+    assert a["metaData"]["configuration"] == b["metaData"]["configuration"]
+    checksum = json.loads((ours / "_delta_log" / f"{0:020d}.crc").read_text(encoding="utf-8"))
+    assert checksum["setTransactions"] == [] and checksum["numFiles"] == 0 and checksum["protocol"] == a["protocol"]
+    df = spark.createDataFrame([("a", D1, 1, {"k": 1}, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))], schema)
+    assert lake_spark._once_write(df, ours, "append", "q:raw", 0, None, False) == 1, "the checksum answered: OnceWrite wrote"
+    assert lake_spark._once_write(df, ours, "append", "q:raw", 0, None, False) is None, "and refuses the replay"
+    assert spark.sql(f"DESCRIBE DETAIL delta.`{ours}`").first()["partitionColumns"] == ["event_date"]
+    with pytest.raises(Exception, match="NOT NULL|DELTA_NOT_NULL"):
+        lake_spark.save(spark.createDataFrame([(None, D1, 1, None, None)], "event_id STRING, event_date DATE, v BIGINT, m MAP<STRING, BIGINT>, t TIMESTAMP"), ours, "append")
+
+
+def test_a_table_delta_rs_cannot_create_is_created_by_delta_spark(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any failure of the quick way (delta-rs refusing, the Kernel checksum failing) leaves the creation to delta-spark."""
+    from deltalake import DeltaTable as RsTable
+    from deltalake.exceptions import DeltaError
+    from pyspark.sql.types import StructType
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise DeltaError("refused")
+
+    monkeypatch.setattr(RsTable, "create", refuse)
+    path = tmp_path / "raw"
+    lake_spark.ensure_table(spark, path, StructType.fromDDL(SCHEMA), ["event_date"])
+    assert _log_actions(path)["commitInfo"]["operation"] == "CREATE TABLE" and "engineInfo" in _log_actions(path)["commitInfo"]
+    assert "Apache-Spark" in _log_actions(path)["commitInfo"]["engineInfo"], "delta-spark made it"
+    assert lake_spark.version(spark, path) == 0
+
+
 def test_ensure_tables_creates_each_table_once_side_by_side(spark: Any, tmp_path: Path) -> None:
     from pyspark.sql.types import StructType
 
