@@ -83,8 +83,9 @@ def count_lake(spark: Any, config: PlatformConfig, names: Sequence[str]) -> dict
     no Spark), the rest in one Spark query (a UNION ALL runs as one job instead of one per table).
 
     For a latest-state table: `live` and `tombstones` from the folded state, `stored` from the Delta
-    table itself (both layers), `consistent` from the consistent view; for `open_transactions`, one
-    count per `entry` kind; for any other table, `rows`.
+    table itself (both layers); for `open_transactions`, one count per `entry` kind; for any other table,
+    `rows`. The consistent views are named, not counted: their first query in the demo's cold process
+    (each folds the raw log as of the watermark) doubled the counting, 26.7 s against 14.4 s without them.
     """
     q = _quote
     present = set(names)
@@ -111,8 +112,6 @@ def count_lake(spark: Any, config: PlatformConfig, names: Sequence[str]) -> dict
         whole(t.name, "stored", t.name, t.name + "__stored")
         parts.append(f"SELECT {_lit(t.name)} AS name, IF(`_deleted`, 'tombstones', 'live') AS what, count(*) AS n "
                      f"FROM {q(t.name)} GROUP BY `_deleted`")
-        if f"{t.name}__consistent_view" in present:
-            parts.append(f"SELECT {_lit(t.name)} AS name, 'consistent' AS what, count(*) AS n FROM {q(t.name + '__consistent_view')}")
         if t.history and t.history_name in present:
             parts.append(f"SELECT {_lit(t.name)} AS name, 'versions' AS what, count(*) AS n FROM {q(t.history_name)}")
     if parts:
@@ -159,8 +158,6 @@ def describe_latest(table: TableConfig, counts: Mapping[tuple[str, str], int]) -
     words = f"live rows (`{table.name}__full_view`); the Delta table stores {stored:,} rows: these plus {tombstones:,} tombstones of deleted rows"
     if superseded > 0:
         words += f" and {superseded:,} older versions awaiting compaction"
-    if (table.name, "consistent") in counts:
-        words += f"; {counts[(table.name, 'consistent')]:,} rows in `{table.name}__consistent_view`"
     if (table.name, "versions") in counts:
         words += f"; {counts[(table.name, 'versions')]:,} versions in `{table.history_name}`"
     return live, words
@@ -262,7 +259,9 @@ def render(config: PlatformConfig, names: Sequence[str], counts: Mapping[tuple[s
             out.append(f"    {name:<26} {n:>8,}  {words}")
     latest = [t for t in config.tables if (t.name, "stored") in counts]
     if latest:
-        out.append("  latest state (in SQL, `NAME` is the folded state with tombstones, `NAME__full_view` the live rows)")
+        consistent = any(f"{t.name}__consistent_view" in names for t in latest)
+        out.append("  latest state (in SQL, `NAME` is the folded state with tombstones, `NAME__full_view` the live rows"
+                   + (", `NAME__consistent_view` them as of the source's consistency watermark)" if consistent else ")"))
         for t in latest:
             shown.update({t.name, t.history_name})
             live, words = describe_latest(t, counts)

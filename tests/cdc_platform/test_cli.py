@@ -311,6 +311,7 @@ def test_demo_names_what_it_counts_and_its_commands_work_as_printed(tmp_path: Pa
     out = capsys.readouterr().out
     assert "open transactions; beside them the stage's state remembers" in out and "finished ones" in out
     assert "live rows (`customers__full_view`); the Delta table stores" in out and "tombstones of deleted rows" in out
+    assert "`NAME__consistent_view` them as of the source's consistency watermark" in out, "named, not counted (a cold fold each)"
     assert "customers__clean_view shows `email` as NULL: the column is masked" in out and "$CDC_MASK_SALT, which is not set" in out
     total, _, phases = out.strip().splitlines()[-1].partition(" s in all: ")
     assert "counting what landed" in phases and float(total) >= sum(float(p.split()[-2]) for p in phases.rstrip(".").split(", ")) - 0.05 * len(phases.split(", "))  # each figure rounded to 0.1 s
