@@ -301,6 +301,10 @@ ONCE_WRITE = "cdc.platform.lake.OnceWrite"
 #: The session setting that turns it off (`false`): every idempotent write then takes Delta's own check, as a
 #: benchmark's variant compares (`small_batches.py --variant deltacheck=spark.cdc.onceWrite=false`).
 ONCE_WRITE_CONF = "spark.cdc.onceWrite"
+#: The session setting that turns off `OnceWrite`'s whole-table overwrite from the checksum's file list (`false`):
+#: such an overwrite then lists the files it replaces by Delta's state reconstruction, two Spark jobs more
+#: (`small_batches.py --variant crclist=spark.cdc.onceWrite.overwriteFromChecksum=false`).
+ONCE_WRITE_OVERWRITE_CONF = "spark.cdc.onceWrite.overwriteFromChecksum"
 
 
 def save(df: DataFrame, path: LakePath | str, mode: str, application: str | None = None, batch: int | None = None, *,

@@ -287,6 +287,68 @@ def test_the_checksum_path_merges_a_new_column_and_overwrites(spark: Any, table:
     assert lake_spark.save(again, table, "overwrite", "q:state", 0) is None
 
 
+def _snapshot_of(spark: Any, path: Path) -> Any:
+    jvm = spark._jvm
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(path)).update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+@pytest.mark.parametrize("from_checksum", [True, False])
+def test_an_overwrite_replaces_the_files_its_checksum_lists_without_reading_the_table_state(
+    spark: Any, tmp_path: Path, from_checksum: bool
+) -> None:
+    """A whole-table overwrite (the transaction stage's state, every batch) takes the files it replaces from the
+    snapshot's checksum instead of a state reconstruction: the same rows, the same commit (an overwrite removing
+    every file, the application transaction, the user metadata), a replay refused; turned off, Delta's own."""
+    from pyspark.sql.types import StructType
+
+    path = tmp_path / "state"
+    lake_spark.ensure_table(spark, path, StructType.fromDDL("k STRING, v INT"), [])
+    state = lambda *items: spark.createDataFrame(list(items), "k STRING, v INT")  # noqa: E731
+    assert lake_spark.save(state(("a", 1), ("b", 2)), path, "overwrite", "q:state", 0) is not None
+    assert lake_spark.save(state(("c", 3)), path, "append", "other:state", 0) is not None  # two files now
+    spark.conf.set(lake_spark.ONCE_WRITE_OVERWRITE_CONF, str(from_checksum).lower())
+    try:
+        before = _snapshot_of(spark, path)
+        listed = before.checksumOpt().get().allFiles()
+        assert listed.isDefined() and listed.get().size() == before.checksumOpt().get().numFiles() > 1, "the checksum lists the table's files"
+        version = lake_spark.save(state(("d", 4)), path, "overwrite", "q:state", 1, metadata="token-2")
+        assert before.stateReconstructionTriggered() is not from_checksum, "the files came from the checksum, not a replay of the log"
+    finally:
+        spark.conf.unset(lake_spark.ONCE_WRITE_OVERWRITE_CONF)
+    assert version == lake_spark.version(spark, path)
+    assert rows(spark, path) == [("d", 4)]
+    commit = _last_commit(path)
+    info = next(a["commitInfo"] for a in commit if "commitInfo" in a)
+    assert (info["operation"], info["operationParameters"]["mode"], info["userMetadata"], info["isBlindAppend"]) == ("WRITE", "Overwrite", "token-2", False)
+    removed = sorted(a["remove"]["path"] for a in commit if "remove" in a)
+    assert removed == sorted(f.path() for f in spark._jvm.scala.jdk.javaapi.CollectionConverters.asJava(listed.get()))
+    assert all(a["remove"]["dataChange"] and a["remove"]["size"] > 0 for a in commit if "remove" in a)
+    assert {"appId": "q:state", "version": 1} == {k: v for k, v in next(a["txn"] for a in commit if "txn" in a).items() if k != "lastUpdated"}
+    assert lake_spark.save(state(("e", 5)), path, "overwrite", "q:state", 1) is None, "the replay"
+    assert _snapshot_of(spark, path).checksumOpt().get().numFiles() == 1, "the next checksum counts what is left"
+
+
+def test_an_overwrite_of_a_table_whose_checksum_lists_no_files_is_deltas_own(spark: Any, tmp_path: Path) -> None:
+    """Past `allFilesInCrc.thresholdNumFiles` files (or a checksum another writer made without the list), the
+    overwrite lists the files the way Delta does; the outcome is the same."""
+    from pyspark.sql.types import StructType
+
+    path = tmp_path / "state"
+    lake_spark.ensure_table(spark, path, StructType.fromDDL("k STRING, v INT"), [])
+    spark.conf.set("spark.databricks.delta.allFilesInCrc.thresholdNumFiles", "1")
+    try:
+        for i in range(3):
+            lake_spark.save(spark.createDataFrame([(f"k{i}", i)], "k STRING, v INT"), path, "append", "q:rows", i)
+        before = _snapshot_of(spark, path)
+        assert before.checksumOpt().get().allFiles().isEmpty()
+        assert lake_spark.save(spark.createDataFrame([("z", 9)], "k STRING, v INT"), path, "overwrite", "q:state", 0) is not None
+        assert before.stateReconstructionTriggered(), "Delta listed the files itself"
+    finally:
+        spark.conf.unset("spark.databricks.delta.allFilesInCrc.thresholdNumFiles")
+    assert rows(spark, path) == [("z", 9)]
+    assert len([a for a in _last_commit(path) if "remove" in a]) == 3
+
+
 def test_rows_written_refuses_a_commit_it_cannot_vouch_for(spark: Any, table: Path) -> None:
     from cdc_platform.errors import LakeError
 

@@ -15,6 +15,7 @@ import org.apache.spark.sql.delta.OptimisticTransaction$;
 import org.apache.spark.sql.delta.Snapshot;
 import org.apache.spark.sql.delta.VersionChecksum;
 import org.apache.spark.sql.delta.actions.Action;
+import org.apache.spark.sql.delta.actions.AddFile;
 import org.apache.spark.sql.delta.actions.SetTransaction;
 import org.apache.spark.sql.delta.commands.DMLUtils;
 import org.apache.spark.sql.delta.commands.WriteIntoDelta;
@@ -44,12 +45,26 @@ import scala.jdk.javaapi.CollectionConverters;
  * made, a commit whose checksum was never written, a table with a transaction retention set), it answers
  * {@link #UNKNOWN} and writes nothing: the caller then writes through Delta's own path, which checks the
  * replayed state. The answer is the same either way; only the cost differs.
+ *
+ * <p>A whole-table overwrite (the transaction stage's state and watermark, every batch) has the same kind of cost:
+ * {@code WriteIntoDelta} lists the files it replaces with {@code txn.filterFiles()}, which reconstructs the
+ * snapshot's state (a Spark job) and collects its files (a second one), ~0.4 s a write on a table of one or two
+ * files. A small table's checksum lists those files too ({@code allFilesInCrc}, on by default up to
+ * {@code allFilesInCrc.thresholdNumFiles} files, kept incrementally by every commit). When it does, the overwrite
+ * writes its files as an append (the same command, schema checks and {@code SetTransaction}), removes the listed
+ * files as {@code filterFiles().map(_.remove)} would, marks the whole table read ({@code readWholeTable} and the
+ * files, as {@code filterFiles} marks them, so a concurrent commit conflicts the same way), and commits it as the
+ * overwrite it is. Without such a list (a larger table, a checksum without one, options that overwrite less than
+ * the whole table or its schema) it is {@code WriteIntoDelta}'s own overwrite. {@code spark.cdc.onceWrite.
+ * overwriteFromChecksum=false} turns this off (to compare).
  */
 public final class OnceWrite {
     /** The application already committed this version or a later one: nothing written. */
     public static final long ALREADY = -1L;
     /** The checksum could not tell: nothing written, write through Delta's own idempotent path instead. */
     public static final long UNKNOWN = -2L;
+    /** The session setting that turns the overwrite from the checksum's file list off ({@code false}). */
+    public static final String OVERWRITE_FROM_CHECKSUM = "spark.cdc.onceWrite.overwriteFromChecksum";
 
     private OnceWrite() {}
 
@@ -82,11 +97,24 @@ public final class OnceWrite {
         Seq<String> noPartitionColumns = CollectionConverters.asScala(java.util.List.<String>of()).toSeq();
         scala.collection.immutable.Map<String, String> noConfiguration = scala.collection.immutable.Map.from(
                 CollectionConverters.asScala(java.util.Map.<String, String>of()));
-        WriteIntoDelta command = new WriteIntoDelta(log, saveMode, deltaOptions, noPartitionColumns, noConfiguration, data,
+        Seq<AddFile> replaced = saveMode == SaveMode.Overwrite ? listedFiles(spark, txn.snapshot(), deltaOptions) : null;
+        SaveMode written = replaced != null ? SaveMode.Append : saveMode;  // the files are removed below instead
+        WriteIntoDelta command = new WriteIntoDelta(log, written, deltaOptions, noPartitionColumns, noConfiguration, data,
                 Option.empty(), Option.empty(), false);
         OptimisticTransaction$.MODULE$.setActive(txn);
         try {
             DMLUtils.TaggedCommitData<Action> commitData = command.writeAndReturnCommitData(txn, spark, Option.empty(), false);
+            Seq<Action> actions = commitData.actions();
+            if (replaced != null) {
+                txn.readWholeTable();
+                txn.trackFilesRead(replaced);
+                java.util.List<Action> all = new java.util.ArrayList<>(CollectionConverters.asJava(actions));
+                long now = System.currentTimeMillis();
+                for (AddFile file : CollectionConverters.asJava(replaced)) {
+                    all.add(file.removeWithTimestamp(now, true));
+                }
+                actions = CollectionConverters.asScala(all).toSeq();
+            }
             DeltaOperations.Write operation = new DeltaOperations.Write(
                     saveMode,
                     Option.apply(noPartitionColumns),
@@ -98,7 +126,7 @@ public final class OnceWrite {
                     deltaOptions.replaceOn(),
                     deltaOptions.replaceUsing());
             // Never skipped: the actions hold the SetTransaction at least.
-            return (Long) txn.commitIfNeeded(commitData.actions(), operation, commitData.stringTags()).get();
+            return (Long) txn.commitIfNeeded(actions, operation, commitData.stringTags()).get();
         } finally {
             OptimisticTransaction$.MODULE$.clearActive();
         }
@@ -125,6 +153,27 @@ public final class OnceWrite {
             }
         }
         return recorded;
+    }
+
+    /**
+     * The files a whole-table overwrite of {@code snapshot} replaces, from its checksum's file list; null when the
+     * checksum has no list, the session turned this off, or the options overwrite less than the whole table or
+     * change its schema (then {@code WriteIntoDelta} decides what it removes).
+     */
+    static Seq<AddFile> listedFiles(SparkSession spark, Snapshot snapshot, DeltaOptions options) {
+        if ("false".equalsIgnoreCase(spark.conf().get(OVERWRITE_FROM_CHECKSUM, "true"))) {
+            return null;
+        }
+        if (options.replaceWhere().isDefined() || options.isReplaceOnOrUsingDefined() || options.canOverwriteSchema()
+                || options.canMergeSchema() || dynamicOverwrite(options)) {
+            return null;
+        }
+        Option<VersionChecksum> checksum = snapshot.checksumOpt();
+        if (checksum.isEmpty() || checksum.get().allFiles().isEmpty()) {
+            return null;
+        }
+        Seq<AddFile> files = checksum.get().allFiles().get();
+        return files.size() == checksum.get().numFiles() ? files : null;  // a list that disagrees with its own count is not used
     }
 
     private static SaveMode saveMode(String mode) {
