@@ -11,6 +11,9 @@ PARSER_STAMP := jvm/parser/jars/manifest.json
 PARSER_SOURCES := $(shell find jvm/parser/src)
 # `cdc serve`'s JDBC login check (jvm/serve-auth), compiled against pyspark's jars by mvn.
 SERVE_AUTH_JAR := jvm/serve-auth/target/cdc-serve-auth.jar
+# The driver JVM's class-data archive (cdc_platform/spark/class_archive.py): one training run, remade when the jars,
+# the venv or the script change; its stamp is made even when this Java writes no archive (sessions then start without).
+CLASS_ARCHIVE_STAMP := jvm/class-archive/stamp
 # Hadoop's S3A jars (jvm/object-store/pom.xml), for a lake on an object store; apart because of their size.
 OBJECT_STORE_STAMP := jvm/object-store/jars/manifest.json
 
@@ -38,7 +41,11 @@ $(PARSER_STAMP): jvm/parser/pom.xml $(PARSER_SOURCES) scripts/resolve_jars.py $(
 $(SERVE_AUTH_JAR): jvm/serve-auth/pom.xml $(wildcard jvm/serve-auth/src/main/java/cdcplatform/serve/*.java) scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py --serve-auth
 
-setup: check-java $(STAMP) $(JARS_STAMP) $(PARSER_STAMP) $(SERVE_AUTH_JAR)
+$(CLASS_ARCHIVE_STAMP): $(JARS_STAMP) $(PARSER_STAMP) scripts/build_class_archive.py cdc_platform/spark/class_archive.py $(STAMP)
+	@$(BIN)/python scripts/build_class_archive.py
+	@touch $@
+
+setup: check-java $(STAMP) $(JARS_STAMP) $(PARSER_STAMP) $(SERVE_AUTH_JAR) $(CLASS_ARCHIVE_STAMP)
 
 $(OBJECT_STORE_STAMP): jvm/object-store/pom.xml scripts/resolve_jars.py $(STAMP)
 	@$(BIN)/python scripts/resolve_jars.py --object-store

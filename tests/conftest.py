@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +56,19 @@ def long_lived_driver() -> dict[str, str]:
 
     flags = [f"{name}={int(value) * SUITE_C2_FACTOR}" for name, value in (f.split("=") for f in LONG_LIVED_JIT.split())]
     return {"spark.driver.extraJavaOptions": " ".join(["-XX:+UseParallelGC", *flags])}
-#: The folder `pytest_configure` writes the children's Spark settings to.
-_CHILD_SPARK_CONF = pytest.StashKey[Path]()
+
+
+#: The environment variable PySpark reads the arguments of the `spark-submit` that starts its JVM from.
+SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS"
+
+
+def children_submit_args() -> str:
+    """`spark-submit` arguments giving every child's driver and executors `session.SHORT_LIVED_JVM`'s options."""
+    from cdc_platform.spark.session import SHORT_LIVED_JVM
+
+    options = SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
+    wanted = {**SHORT_LIVED_JVM, "spark.executor.extraJavaOptions": options}
+    return " ".join([*(f"--conf {shlex.quote(f'{k}={v}')}" for k, v in wanted.items()), "pyspark-shell"])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,25 +77,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     Each child runs a batch or two and exits: a cold JVM's optimising compiler then costs more CPU than its
     code saves (one cold `cdc run` of 40 generated transactions: 80 s of CPU with both tiers, 43 s with the
-    quick one), and the suite is CPU-bound on two cores. The settings reach the children as Spark's own
-    `SPARK_CONF_DIR` (a `spark-defaults.conf` beside the package's logging config), the way a user would set
-    them; what the children compute does not depend on the JIT tier.
+    quick one), and the suite is CPU-bound on two cores. The settings reach the children as PySpark's own
+    `PYSPARK_SUBMIT_ARGS` (the arguments of the `spark-submit` that starts a PySpark JVM), not as a
+    `SPARK_CONF_DIR` of their own: that folder would be on the driver's class path, where the class-data
+    archive (`spark.class_archive`) allows no folder with a file in it, and every child would start without it.
+    What the children compute does not depend on the JIT tier. The suite's own session (`spark`) starts
+    without them.
     """
-    from cdc_platform.spark.session import SHORT_LIVED_JVM
-
-    folder = Path(tempfile.mkdtemp(prefix="cdc-tests-spark-conf-"))
-    shutil.copyfile(str(resources.files("cdc_platform").joinpath("spark_conf", "log4j2.properties")), folder / "log4j2.properties")
-    options = SHORT_LIVED_JVM["spark.driver.extraJavaOptions"]
-    defaults = {**SHORT_LIVED_JVM, "spark.executor.extraJavaOptions": options}
-    (folder / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in defaults.items()), encoding="utf-8")
-    config.stash[_CHILD_SPARK_CONF] = folder
-    os.environ["SPARK_CONF_DIR"] = str(folder)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    folder = config.stash.get(_CHILD_SPARK_CONF, None)
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+    os.environ[SUBMIT_ARGS] = children_submit_args()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the group marks to name the groups
@@ -118,8 +117,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def spark() -> Iterator[Any]:
     from cdc_platform.spark.session import get_spark, stop_spark
 
-    # With Hadoop's S3A jars (`make test` resolves them): the object-store lake's tests share this session.
-    session = get_spark("cdc-platform-tests", object_store=True, conf=long_lived_driver())
+    # With Hadoop's S3A jars (`make test` resolves them): the object-store lake's tests share this session,
+    # started without the children's quick JIT tier (`pytest_configure`).
+    children = os.environ.pop(SUBMIT_ARGS, None)
+    try:
+        session = get_spark("cdc-platform-tests", object_store=True, conf=long_lived_driver())
+    finally:
+        if children is not None:
+            os.environ[SUBMIT_ARGS] = children
     yield session
     stop_spark()
 

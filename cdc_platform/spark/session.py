@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ConfigError, EnvironmentNotReadyError
+from cdc_platform.spark import class_archive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -214,8 +215,13 @@ def get_spark(
     # Executors must run this interpreter (the venv's), not whatever `python3` is first on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Spark's logging config ships with the package; a user's own SPARK_CONF_DIR wins.
-    os.environ.setdefault("SPARK_CONF_DIR", str(resources.files("cdc_platform").joinpath("spark_conf")))
+    # Spark's logging config ships with the package; a user's own SPARK_CONF_DIR wins. With `make setup`'s class-data
+    # archive the folder is an empty one and the logging config a system property (`class_archive` says why).
+    os.environ.setdefault("SPARK_CONF_DIR", class_archive.conf_dir_for_session())
+    defaults = dict(JVM_DEFAULTS)
+    archive = class_archive.driver_options(os.environ["SPARK_CONF_DIR"])
+    if archive:
+        defaults["spark.driver.defaultJavaOptions"] = f"{defaults['spark.driver.defaultJavaOptions']} {archive}"
     from pyspark.sql import SparkSession
 
     if master is None and not submitted():
@@ -272,7 +278,7 @@ def get_spark(
         .config("spark.scheduler.mode", "FAIR")
         .config("spark.scheduler.allocation.file", str(resources.files("cdc_platform").joinpath("spark_conf", "fairscheduler.xml")))
     )
-    for key, value in {**JVM_DEFAULTS, **LOCAL_FILES_CONF, **DELTA_CONF, **python_daemon(master), **(conf or {})}.items():
+    for key, value in {**defaults, **LOCAL_FILES_CONF, **DELTA_CONF, **python_daemon(master), **(conf or {})}.items():
         builder = builder.config(key, value)
     _SESSION = builder.getOrCreate()
     _OBJECT_STORE = object_store
