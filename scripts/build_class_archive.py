@@ -27,12 +27,12 @@ import json, sys
 from pathlib import Path
 from cdc_platform.config import load_config
 from cdc_platform.run.ingest import IngestJob
+from cdc_platform.spark import class_archive
 from cdc_platform.spark.session import get_spark, stop_spark
 from cdc_platform.views import register_lake
 from cdc_platform.workload.generate import generate_workload
 
 root, archive = Path(sys.argv[1]), Path(sys.argv[2])
-from cdc_platform.spark import class_archive
 spark = get_spark("cdc-class-archive", conf={"spark.driver.extraJavaOptions": class_archive.driver_options(None, training=archive)})
 sample = generate_workload(root / "sample", transactions=20, seed=7, track_state=False)
 config = load_config(sample.config_path, lake=root / "lake", landing=sample.landing_dir)

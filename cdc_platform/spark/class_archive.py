@@ -18,7 +18,6 @@ starts as it would without it, silently (`-Xlog:cds=off`), so the archive can ma
 
 from __future__ import annotations
 
-import os
 from importlib import resources
 from pathlib import Path
 
@@ -72,7 +71,3 @@ def _quoted(path: Path) -> str:
     """A path as Spark's launcher splits Java options (quotes keep a space inside one option)."""
     text = str(path)
     return f'"{text}"' if any(ch.isspace() for ch in text) else text
-
-
-def environment_conf_dir() -> str | None:
-    return os.environ.get("SPARK_CONF_DIR")

@@ -29,15 +29,11 @@ def builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-def _training(builder: ModuleType, monkeypatch: pytest.MonkeyPatch, code: str) -> None:
-    monkeypatch.setattr(builder, "TRAINING", code)
-
-
 def test_a_failed_training_run_leaves_no_archive_and_says_why(builder: ModuleType, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     class_archive.prepare_conf_dir()
     class_archive.ARCHIVE.write_bytes(b"an old archive")  # never left beside jars it no longer matches
-    _training(builder, monkeypatch, "import sys\nsys.stderr.write('Java said no\\n')\nsys.exit(3)\n")
+    monkeypatch.setattr(builder, "TRAINING", "import sys\nsys.stderr.write('Java said no\\n')\nsys.exit(3)\n")
     assert builder.main() == 0, "setup goes on"
     assert not class_archive.ARCHIVE.exists()
     assert "no class-data archive: the training run failed (Java said no)" in capsys.readouterr().out
@@ -47,7 +43,7 @@ def test_a_failed_training_run_leaves_no_archive_and_says_why(builder: ModuleTyp
 def test_a_java_that_writes_no_archive_leaves_none(builder: ModuleType, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     # The "JVM" is this short-lived child itself: it has exited by the time its pid is waited for, having written nothing.
-    _training(builder, monkeypatch, "import json, os\nprint(json.dumps({'jvm_pid': os.getpid()}))\n")
+    monkeypatch.setattr(builder, "TRAINING", "import json, os\nprint(json.dumps({'jvm_pid': os.getpid()}))\n")
     assert builder.build() is None
     assert not class_archive.ARCHIVE.exists() and not (class_archive.ARCHIVE_DIR / "spark.jsa.partial").exists()
     assert "this Java wrote none" in capsys.readouterr().out
@@ -56,7 +52,7 @@ def test_a_java_that_writes_no_archive_leaves_none(builder: ModuleType, monkeypa
 def test_a_written_archive_is_swapped_in(builder: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     code = ("import json, os, sys\nfrom pathlib import Path\n"
             "Path(sys.argv[2]).write_bytes(b'classes')\nprint(json.dumps({'jvm_pid': os.getpid()}))\n")
-    _training(builder, monkeypatch, code)
+    monkeypatch.setattr(builder, "TRAINING", code)
     assert builder.build() == class_archive.ARCHIVE
     assert class_archive.ARCHIVE.read_bytes() == b"classes"
     assert class_archive.usable(None), "the empty config folder is there too"
