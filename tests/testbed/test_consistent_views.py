@@ -9,7 +9,8 @@ third), and the stream cuts each topic into batches on its own (`max_offsets_per
 does pass through half-applied transactions: the full views, which show each batch as it lands, can
 break the invariant (tried while writing this test). The consistent views must not: the test reads both
 in one SQL statement (one snapshot, `register_lake` pins every table) over and over while the workload
-and the stream run, and checks the invariant on every read. At the end both kinds of view equal the
+and the stream run, and checks the invariant on every read; the workload runs in phases, each waiting for a
+read to show the one before, so that the reads are spread over it (`PHASES`). At the end both kinds of view equal the
 source tables.
 """
 
@@ -34,12 +35,17 @@ ACCOUNTS = "cv_accounts"
 MOVES = "cv_moves"
 OPENING = Decimal("1000.00")
 N_ACCOUNTS = 5
-#: Source transactions after the accounts open, one every PAUSE seconds: about what the stream keeps up
-#: with on a loaded 2-core machine (a batch of 40 records takes it 5 to 15 s there).
-TRANSFERS, PAUSE = 24, 0.5
+#: Source transactions after the accounts open, one every PAUSE seconds, in PHASES: after each phase but
+#: the last the workload waits until a read has shown all of that phase's moves. A read under load takes
+#: 5 to 30 s (the stream shares the two cores), longer than the whole workload would, so without the gates
+#: every read could come after it; with them the reads see the lake between phases, and while the stream
+#: cuts the next phase's transactions into batches.
+TRANSFERS, PAUSE, PHASES = 24, 0.5, 3
 #: Distinct numbers of visible moves the reads must have seen strictly between none and all, so that they
-#: were spread over the workload rather than all before or after it.
+#: were spread over the workload rather than all before or after it (the gates guarantee PHASES - 1).
 MIN_STATES = 2
+#: Seconds the workload waits at a gate for a read to show the moves so far.
+GATE_TIMEOUT = 300.0
 
 
 def invariant_sql(view: str) -> str:
@@ -79,28 +85,44 @@ def plan(seed: int = 11) -> list[list[tuple[int, int, Decimal]]]:
 
 
 class Transfers:
-    """Runs `plan()` on the source, one transaction per entry, until done or stopped."""
+    """Runs `plan()` on the source, one transaction per entry, until done or stopped; after each phase but
+    the last it waits at its gate, which the reader opens once it has seen every move made so far."""
 
     def __init__(self, bed: Stack) -> None:
         self.bed, self.plan, self.done, self.error = bed, plan(), 0, None
         self.stop = threading.Event()
+        size = -(-len(self.plan) // PHASES)
+        self.phases = [self.plan[i:i + size] for i in range(0, len(self.plan), size)]
+        #: Moves made by the end of each phase but the last, and the gate each of those phases waits at.
+        self.moves_after = [sum(len(t) for p in self.phases[:k + 1] for t in p) for k in range(len(self.phases) - 1)]
+        self.gates = [threading.Event() for _ in self.moves_after]
         self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def seen(self, moves: int) -> None:
+        """A read showed `moves` moves: open the gates of the phases it shows whole."""
+        for gate, after in zip(self.gates, self.moves_after):
+            if moves >= after:
+                gate.set()
 
     def run(self) -> None:
         try:
             with self.bed.postgres.connect(autocommit=False) as conn:
-                move = 0
-                for n, legs in enumerate(self.plan, 1):
-                    if self.stop.is_set():
-                        return
-                    for frm, to, amount in legs:
-                        move += 1
-                        conn.execute(f"update {ACCOUNTS} set balance = balance - %s where id = %s", (amount, frm))
-                        conn.execute(f"insert into {MOVES} values (%s, %s, %s, %s)", (move, frm, to, amount))
-                        conn.execute(f"update {ACCOUNTS} set balance = balance + %s where id = %s", (amount, to))
-                    conn.commit()
-                    self.done = n
-                    time.sleep(PAUSE)
+                move = n = 0
+                for k, phase in enumerate(self.phases):
+                    for legs in phase:
+                        if self.stop.is_set():
+                            return
+                        for frm, to, amount in legs:
+                            move += 1
+                            conn.execute(f"update {ACCOUNTS} set balance = balance - %s where id = %s", (amount, frm))
+                            conn.execute(f"insert into {MOVES} values (%s, %s, %s, %s)", (move, frm, to, amount))
+                            conn.execute(f"update {ACCOUNTS} set balance = balance + %s where id = %s", (amount, to))
+                        conn.commit()
+                        n += 1
+                        self.done = n
+                        time.sleep(PAUSE)
+                    if k < len(self.gates) and not self.gates[k].wait(GATE_TIMEOUT):
+                        raise AssertionError(f"no read showed the {self.moves_after[k]} moves of phase {k + 1} within {GATE_TIMEOUT:.0f} s")
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
@@ -171,6 +193,7 @@ def test_a_reader_of_the_consistent_views_never_sees_half_a_transaction(testbed:
                 continue
             assert holds(row), f"read {len(reads) + 1} saw half a transaction: {row}"
             reads.append(row)
+            transfers.seen(row["moves"])
             time.sleep(1.0)  # a reader, not a load test: leave the two cores to the stream for a moment
         transfers.thread.join(timeout=30)
         assert transfers.error is None, transfers.error
