@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
 from cdc_platform.lake import schemas
+from cdc_platform.lake.checksum_read import listed_frame
 from cdc_platform.lake.table_properties import STATS_COLUMNS_PROPERTY, checkpoint_interval, stats_columns
 from cdc_platform.spark.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
@@ -53,8 +54,13 @@ def read(spark: SparkSession, path: LakePath | str, version: int | None = None) 
 
     Without a version the DataFrame follows the table: every query over it (or over a temp view of it)
     reads the version current when that query is planned. A reader that decides something from one
-    version (its history, its file statistics, another table read alongside) pins that version.
+    version (its history, its file statistics, another table read alongside) pins that version; a small
+    table's pinned version is read from its checksum's file list (`checksum_read`), without a state replay.
     """
+    if version is not None:
+        listed = listed_frame(spark, location(path), int(version))
+        if listed is not None:
+            return listed
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", int(version))

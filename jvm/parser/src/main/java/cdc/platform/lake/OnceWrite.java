@@ -97,7 +97,7 @@ public final class OnceWrite {
         Seq<String> noPartitionColumns = CollectionConverters.asScala(java.util.List.<String>of()).toSeq();
         scala.collection.immutable.Map<String, String> noConfiguration = scala.collection.immutable.Map.from(
                 CollectionConverters.asScala(java.util.Map.<String, String>of()));
-        Seq<AddFile> replaced = saveMode == SaveMode.Overwrite ? listedFiles(spark, txn.snapshot(), deltaOptions) : null;
+        Seq<AddFile> replaced = saveMode == SaveMode.Overwrite ? listedFiles(spark, log, txn.snapshot(), deltaOptions) : null;
         SaveMode written = replaced != null ? SaveMode.Append : saveMode;  // the files are removed below instead
         WriteIntoDelta command = new WriteIntoDelta(log, written, deltaOptions, noPartitionColumns, noConfiguration, data,
                 Option.empty(), Option.empty(), false);
@@ -160,7 +160,7 @@ public final class OnceWrite {
      * checksum has no list, the session turned this off, or the options overwrite less than the whole table or
      * change its schema (then {@code WriteIntoDelta} decides what it removes).
      */
-    static Seq<AddFile> listedFiles(SparkSession spark, Snapshot snapshot, DeltaOptions options) {
+    static Seq<AddFile> listedFiles(SparkSession spark, DeltaLog log, Snapshot snapshot, DeltaOptions options) {
         if ("false".equalsIgnoreCase(spark.conf().get(OVERWRITE_FROM_CHECKSUM, "true"))) {
             return null;
         }
@@ -168,12 +168,7 @@ public final class OnceWrite {
                 || options.canMergeSchema() || dynamicOverwrite(options)) {
             return null;
         }
-        Option<VersionChecksum> checksum = snapshot.checksumOpt();
-        if (checksum.isEmpty() || checksum.get().allFiles().isEmpty()) {
-            return null;
-        }
-        Seq<AddFile> files = checksum.get().allFiles().get();
-        return files.size() == checksum.get().numFiles() ? files : null;  // a list that disagrees with its own count is not used
+        return ChecksumRead.listedFiles(log, snapshot, Long.MAX_VALUE);  // any size; deletion vectors: Delta's way
     }
 
     private static SaveMode saveMode(String mode) {
