@@ -2,8 +2,8 @@
 
 Why this exists: the first query over a table version this process has not scanned plans its scan by
 reconstructing the version's state from the Delta log, a Spark job of its own; every commit makes a new
-version, and every reader pins the versions it reads, so each `cdc sql`, check or view registration (and the
-transaction stage reading its own state each batch) paid one such job per table. In `cdc demo`'s counting five of
+version, and every reader pins the versions it reads, so each `cdc sql`, check or view registration paid one
+such job per table. In `cdc demo`'s counting five of
 them ran one after another, 5.9 s of 9.6 s, on tables of a few kilobytes. Each commit's checksum already lists
 a small table's files (Delta's `allFilesInCrc`), and Delta reads a known list of files with its own
 `DeltaLog.createDataFrame`; that is what `ChecksumRead` does, for tables of at most 16 MiB (Delta's statistics
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 #: The JVM class, loaded with the parser's jar.
 CHECKSUM_READ = "cdc.platform.lake.ChecksumRead"
 #: The session setting that turns these reads off (`false`), as a benchmark's variant compares
-#: (`small_batches.py --variant delta-reads=spark.cdc.read.fromChecksum=false`).
+#: (`small_batches.py --variant deltareads=spark.cdc.read.fromChecksum=false`).
 CHECKSUM_READ_CONF = "spark.cdc.read.fromChecksum"
 #: The session setting for the largest table, in bytes of data files, read from its checksum's list (default 16 MiB).
 CHECKSUM_READ_MAX_BYTES_CONF = "spark.cdc.read.fromChecksum.maxBytes"

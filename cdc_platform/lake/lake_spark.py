@@ -12,7 +12,8 @@ The rules every writer keeps:
   inserts nothing. The lookup names the partitions and position range the batch touches as literals,
   so its cost follows the batch.
 * Reads go through `spark.read.format("delta")`: the snapshot's own file list, never a directory
-  listing (which would include files the log removed).
+  listing (which would include files the log removed); a small table's pinned version takes that list from
+  its checksum instead (`checksum_read`).
 """
 
 from __future__ import annotations
@@ -57,14 +58,14 @@ def read(spark: SparkSession, path: LakePath | str, version: int | None = None) 
     version (its history, its file statistics, another table read alongside) pins that version; a small
     table's pinned version is read from its checksum's file list (`checksum_read`), without a state replay.
     """
-    if version is not None:
-        listed = listed_frame(spark, location(path), int(version))
-        if listed is not None:
-            return listed
+    where = location(path)
     reader = spark.read.format("delta")
     if version is not None:
+        listed = listed_frame(spark, where, int(version))
+        if listed is not None:
+            return listed
         reader = reader.option("versionAsOf", int(version))
-    return reader.load(location(path))
+    return reader.load(where)
 
 
 def pinned(spark: SparkSession, path: LakePath | str) -> tuple[int, DataFrame]:

@@ -107,7 +107,7 @@ class Transfers:
     def run(self) -> None:
         try:
             with self.bed.postgres.connect(autocommit=False) as conn:
-                move = n = 0
+                move = 0
                 for k, phase in enumerate(self.phases):
                     for legs in phase:
                         if self.stop.is_set():
@@ -118,8 +118,7 @@ class Transfers:
                             conn.execute(f"insert into {MOVES} values (%s, %s, %s, %s)", (move, frm, to, amount))
                             conn.execute(f"update {ACCOUNTS} set balance = balance + %s where id = %s", (amount, to))
                         conn.commit()
-                        n += 1
-                        self.done = n
+                        self.done += 1
                         time.sleep(PAUSE)
                     if k < len(self.gates) and not self.gates[k].wait(GATE_TIMEOUT):
                         raise AssertionError(f"no read showed the {self.moves_after[k]} moves of phase {k + 1} within {GATE_TIMEOUT:.0f} s")

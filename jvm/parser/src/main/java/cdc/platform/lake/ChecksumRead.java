@@ -22,8 +22,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>Why: the first query over a table version Delta has not scanned yet in this process plans its scan with
  * {@code filesForScan}, which reconstructs the snapshot's state (reads the log's checkpoint and commits with a
  * Spark job) before it can list a file. Every commit makes a new version, so a reader that pins the lake's tables
- * (every {@code cdc sql}, check and view registration, the transaction stage reading its own state each batch)
- * pays one such job per table it reads: in {@code cdc demo}'s counting, five of them one after another took 5.9 s
+ * (every {@code cdc sql}, check and view registration) pays one such job per table it reads: in {@code cdc demo}'s counting, five of them one after another took 5.9 s
  * of its 9.6 s, on tables of a few kilobytes. Since Delta 3 every commit's checksum also lists a small table's
  * files ({@code allFilesInCrc}, on by default up to {@code allFilesInCrc.thresholdNumFiles} files, kept
  * incrementally by each commit and checked by Delta against the replayed state where it validates checksums),
