@@ -97,7 +97,7 @@ def try_connect_queries(url: str, *sqls: str) -> list[list[dict[str, Any]]] | st
     """Queries from one fresh process that knows nothing of this project: plain pyspark, a Spark Connect URL.
 
     Returns each query's rows, or the client's error output when one failed. One process for several
-    queries: each process pays pyspark's import and a new session (~6 s a query on the suite's machine)."""
+    queries: each process pays pyspark's import and a new session (~1.5-2 s a process, measured alone)."""
     done = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, url, *sqls], capture_output=True, text=True, timeout=180, cwd="/")
     if done.returncode != 0:
         return done.stderr
