@@ -59,13 +59,12 @@ def read(spark: SparkSession, path: LakePath | str, version: int | None = None) 
     table's pinned version is read from its checksum's file list (`checksum_read`), without a state replay.
     """
     where = location(path)
-    reader = spark.read.format("delta")
-    if version is not None:
-        listed = listed_frame(spark, where, int(version))
-        if listed is not None:
-            return listed
-        reader = reader.option("versionAsOf", int(version))
-    return reader.load(where)
+    if version is None:
+        return spark.read.format("delta").load(where)
+    listed = listed_frame(spark, where, int(version))
+    if listed is not None:
+        return listed
+    return spark.read.format("delta").option("versionAsOf", int(version)).load(where)
 
 
 def pinned(spark: SparkSession, path: LakePath | str) -> tuple[int, DataFrame]:
