@@ -9,7 +9,9 @@ Builds the demo's sample lake (`cdc run` on 500 generated transactions, 677 chan
 * the same over the JDBC/ODBC (HiveServer2) endpoint, a new connection per query, as `cdc sql` makes;
 * `cdc sql "<lookup>"` as a command, end to end: the Python process, finding the server, the query.
 
-Medians and extremes of `--repeats` runs are printed with the load average; nothing is asserted.
+Medians and extremes of `--repeats` runs are printed with the load average, and each query's first run
+(`first`: the warm-up, left out of the median; for the first queries it is what a new server's first user
+waits, its JIT and Delta's state cold); nothing is asserted.
 `--rounds 2` times the Spark Connect and JDBC lookups a second time: the first round meets a server
 started seconds before (its JIT has not compiled the plan's code yet), the second one that has served
 a few dozen queries, as a server does after its first minutes.
@@ -37,13 +39,15 @@ CDC = Path(sys.executable).parent / "cdc"
 
 
 def timed(label: str, run: Callable[[], object], repeats: int) -> list[float]:
+    t0 = time.perf_counter()
     run()  # warm-up: the server's first plan of this query shape
+    first = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
-    say(f"  {label:<44} median {statistics.median(times):.3f} s  (min {min(times):.3f}, max {max(times):.3f})")
+    say(f"  {label:<44} median {statistics.median(times):.3f} s  (min {min(times):.3f}, max {max(times):.3f}; first {first:.3f})")
     return times
 
 
