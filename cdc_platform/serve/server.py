@@ -35,7 +35,7 @@ from typing import Any
 
 from cdc_platform import lake
 from cdc_platform.config_serve import CONNECT_TOKEN_ENV, ServeConfig
-from cdc_platform.views.catalog import lake_fingerprint, register_catalog
+from cdc_platform.views.catalog import lake_fingerprint, register_catalog, warm_up_sql
 from cdc_platform.errors import ServeError
 from cdc_platform.spark.processes import HOST, port_open
 from cdc_platform.serve import security
@@ -121,6 +121,7 @@ class Server:
         master: str | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         progress: Callable[[str], None] = lambda _: None,
+        warm_up: bool = True,
     ) -> None:
         self.lake_dir = lake_dir.resolve()
         self.schema = schema
@@ -131,6 +132,8 @@ class Server:
         self.master = master
         self.poll_interval = poll_interval
         self.progress = progress
+        #: Whether `start` runs `warm_up` in the background once the server is ready (`cdc serve --no-warm-up`: not).
+        self.warm_up_on_start = warm_up
         self.spark: Any = None
         self.thrift: Any = None
         self.names: list[str] = []
@@ -181,7 +184,29 @@ class Server:
             jdbc_auth=self.serve.jdbc_auth, tls=tls, cert=str(self.cert) if self.cert else None, expose=self.serve.expose,
         )
         lake.write_json_atomic(state_path(self.lake_dir, self.serve.expose), asdict(self.info))
+        if self.warm_up_on_start:
+            threading.Thread(target=self.warm_up, name="cdc-serve-warm-up", daemon=True).start()
         return self.info
+
+    def warm_up(self) -> float | None:
+        """Run `catalog.warm_up_sql`'s lookup once, so a user's first query meets a warm JVM and Delta's state
+        read (`cdc serve` starts it in the background once ready: clients are not held back by it); its seconds,
+        or None when there was nothing to run or it failed. A failure is reported and changes nothing: the
+        server keeps serving, and the user's own first query is merely as slow as it would have been."""
+        sql = warm_up_sql(self.lake_dir, self.schema, self.names)
+        if sql is None or self.spark is None:
+            return None
+        t0 = time.monotonic()
+        try:
+            self.spark.sql(sql).collect()
+        except Exception as exc:  # noqa: BLE001 - a warm-up that fails leaves the server as it was
+            if self.spark is not None:  # not while stopping: Spark's shutdown fails the query, and that is no news
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                self.progress(f"warm-up query failed (the server keeps serving): {type(exc).__name__}: {first[:300]}")
+            return None
+        seconds = time.monotonic() - t0
+        self.progress(f"warmed up in {seconds:.1f} s: {sql}")
+        return seconds
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT

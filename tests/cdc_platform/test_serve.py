@@ -147,6 +147,59 @@ def test_the_catalog_from_a_fresh_spark_connect_session(served: tuple[Path, Serv
     assert consistent == clean_all
 
 
+def test_a_ready_server_warms_up_with_a_lookup_through_a_full_view(served: tuple[Path, ServerInfo]) -> None:
+    """Once ready, the server runs one lookup through a full view in the background (its log says so), so a
+    user's first query meets a warm JVM; the state file was written before it, not held back by it."""
+    root, _ = served
+    log = root / "serve.log"
+    deadline = time.monotonic() + START_TIMEOUT
+    while "warmed up in" not in log.read_text(errors="replace") and "warm-up query failed" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.5)
+    text = log.read_text(errors="replace")
+    assert f"s: SELECT * FROM `{SCHEMA}`.`people__full_view` WHERE `id` IS NULL" in text, text[-3000:]
+    assert text.index("spark connect: sc://") < text.index("warmed up in"), "ready before the warm-up ended"
+
+
+def test_the_warm_up_looks_up_a_null_key_through_a_latest_state_view(tmp_path: Path) -> None:
+    from cdc_platform import lake
+    from cdc_platform.views.catalog import warm_up_sql
+
+    config = load_config(write_config(tmp_path, {"shop.people": {"key": ["id", "region"], "mask": ["email"]}, "shop.cards": {"key": ["number"]}}))
+    lake.write_registry(config)
+    people = "SELECT * FROM `cdc`.`{}` WHERE `id` IS NULL AND `region` IS NULL"
+    assert warm_up_sql(config.lake, "cdc", ["people", "people__full_view", "people__clean_view"]) == people.format("people__full_view")
+    assert warm_up_sql(config.lake, "cdc", ["people__clean_view"]) == people.format("people__clean_view")  # `expose: clean`
+    assert warm_up_sql(config.lake, "cdc", ["cards__full_view"]) == "SELECT * FROM `cdc`.`cards__full_view` WHERE `number` IS NULL"
+    assert warm_up_sql(config.lake, "cdc", ["raw_change_events"]) is None  # nothing registered to warm up through
+
+
+def test_no_warm_up_is_a_flag_of_serve() -> None:
+    from cdc_platform.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).warm_up is True
+    assert build_parser().parse_args(["serve", "--no-warm-up"]).warm_up is False
+
+
+def test_a_failed_warm_up_is_reported_and_changes_nothing(tmp_path: Path) -> None:
+    from cdc_platform import lake
+
+    config = load_config(write_config(tmp_path, {"shop.people": {"key": ["id"]}}))
+    lake.write_registry(config)
+
+    class Refusing:
+        def sql(self, sql: str) -> Any:
+            raise RuntimeError("[TABLE_OR_VIEW_NOT_FOUND] people__full_view\nmore lines")
+
+    said: list[str] = []
+    server = Server(config.lake, "cdc", progress=said.append)
+    server.names = ["people__full_view"]
+    assert server.warm_up() is None  # no Spark yet: nothing to run
+    server.spark = Refusing()
+    assert server.warm_up() is None
+    assert said == ["warm-up query failed (the server keeps serving): RuntimeError: [TABLE_OR_VIEW_NOT_FOUND] people__full_view"]
+
+
 def test_the_views_over_jdbc(served: tuple[Path, ServerInfo]) -> None:
     _, info = served
     assert info.jdbc_url == f"jdbc:hive2://{HOST}:{info.jdbc_port}/{SCHEMA}"
