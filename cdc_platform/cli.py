@@ -181,7 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve = replace(serve, keystore=keystore, keystore_password_file=password_file)
         _say(f"TLS with the self-signed certificate {cert} (clients trust it; Java clients: {cert.parent / 'truststore.p12'}, password changeit)")
     server = Server(lake_dir, schema, serve=serve, connect_port=args.connect_port, jdbc_port=args.jdbc_port, master=master,
-                    poll_interval=args.poll_interval, progress=_say, warm_up=args.warm_up)
+                    poll_interval=args.poll_interval, progress=_say, warm_up=not args.no_warm_up)
     server.cert = cert
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # `kill PID` stops it as cleanly as Ctrl-C
@@ -451,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=float, default=5.0, metavar="S",
                    help="seconds between checks of the lake for new tables and changed schemas (default: %(default)g)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop after this many seconds (default: run until Ctrl-C)")
-    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+    p.add_argument("--no-warm-up", action="store_true",
                    help="skip the lookup through one view the server runs in the background once ready, which spares a "
                         "user's first query the cold JVM's seconds (default: run it)")
     p.add_argument("--host", metavar="ADDR",

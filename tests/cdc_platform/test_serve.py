@@ -177,8 +177,8 @@ def test_the_warm_up_looks_up_a_null_key_through_a_latest_state_view(tmp_path: P
 def test_no_warm_up_is_a_flag_of_serve() -> None:
     from cdc_platform.cli import build_parser
 
-    assert build_parser().parse_args(["serve"]).warm_up is True
-    assert build_parser().parse_args(["serve", "--no-warm-up"]).warm_up is False
+    assert build_parser().parse_args(["serve"]).no_warm_up is False
+    assert build_parser().parse_args(["serve", "--no-warm-up"]).no_warm_up is True
 
 
 def test_a_failed_warm_up_is_reported_and_changes_nothing(tmp_path: Path) -> None:
