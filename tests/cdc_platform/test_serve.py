@@ -147,16 +147,20 @@ def test_the_catalog_from_a_fresh_spark_connect_session(served: tuple[Path, Serv
     assert consistent == clean_all
 
 
+def warmed_log(log: Path) -> str:
+    """A server's log once it tells how its warm-up query ended (`Server.warm_up`, in the background)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while "warmed up in" not in (text := log.read_text(errors="replace")) and "warm-up query failed" not in text:
+        assert time.monotonic() < deadline, text[-3000:]
+        time.sleep(0.5)
+    return text
+
+
 def test_a_ready_server_warms_up_with_a_lookup_through_a_full_view(served: tuple[Path, ServerInfo]) -> None:
     """Once ready, the server runs one lookup through a full view in the background (its log says so), so a
     user's first query meets a warm JVM; the state file was written before it, not held back by it."""
     root, _ = served
-    log = root / "serve.log"
-    deadline = time.monotonic() + START_TIMEOUT
-    while "warmed up in" not in log.read_text(errors="replace") and "warm-up query failed" not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-        time.sleep(0.5)
-    text = log.read_text(errors="replace")
+    text = warmed_log(root / "serve.log")
     assert f"s: SELECT * FROM `{SCHEMA}`.`people__full_view` WHERE `id` IS NULL" in text, text[-3000:]
     assert text.index("spark connect: sc://") < text.index("warmed up in"), "ready before the warm-up ended"
 

@@ -30,7 +30,7 @@ from cdc_platform.errors import ConfigError, ServeError
 from cdc_platform.serve import passwords, security, sql_client
 from cdc_platform.serve.sql_client import ServerInfo, ServerUnavailable
 from cdc_platform.spark.processes import die_with_parent, free_ports, stop_group
-from tests.cdc_platform.test_serve import CDC, PEOPLE, START_TIMEOUT, land_and_run
+from tests.cdc_platform.test_serve import CDC, PEOPLE, START_TIMEOUT, land_and_run, warmed_log
 
 SCHEMA = "lakehouse"
 TOKEN = "connect-token-7c1e9a4b2f"
@@ -224,10 +224,7 @@ def test_expose_clean_hides_every_other_name(secured: Served) -> None:
     emails = [row[0] for row in jdbc(info, "ann", PASSWORD, "SELECT email FROM people__clean_view UNION ALL SELECT email FROM people__consistent_view")]
     assert len(emails) == 6 and all(len(e) == 64 and "@" not in e for e in emails)  # salted hashes, never the address
     # Its warm-up query went through the one kind of view it registers, by the key no statistics have to read.
-    deadline = time.monotonic() + START_TIMEOUT
-    while "warmed up in" not in (text := secured.log.read_text(errors="replace")) and "warm-up query failed" not in text:
-        assert time.monotonic() < deadline, text[-3000:]
-        time.sleep(0.5)
+    text = warmed_log(secured.log)
     assert f"s: SELECT * FROM `{SCHEMA}`.`people__clean_view` WHERE `id` IS NULL" in text, text[-3000:]
 
 
