@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from cdc_platform.config import load_config
-from cdc_platform.testbed import Stack, consume_all
+from cdc_platform.parse.envelope import KeySpec, parse_line
+from cdc_platform.testbed import Record, Stack, consume_all
 from tests.testbed.streaming import StreamProcess, rows_once_set_up
 
 PREFIX = "faults_pg"
@@ -58,6 +59,56 @@ class Workload:
                     time.sleep(0.5)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
+
+
+def records_by_identity(changes: list[Record]) -> dict[str, list[Record]]:
+    """The topics' change records by the event identity the parser gives them (the Python oracle's)."""
+    keys = KeySpec({})
+    out: dict[str, list[Record]] = {}
+    for r in changes:
+        row = parse_line(r.value.decode("utf-8"), None, keys)  # type: ignore[union-attr]
+        assert row["kind"] == "change", f"{r.topic}@{r.offset} parsed as {row['kind']}: {row.get('reason')}"
+        out.setdefault(row["event_id"], []).append(r)
+    return out
+
+
+def _payload_without_times(r: Record) -> dict[str, Any]:
+    payload = dict(r.json_value()["payload"])
+    for name in ("ts_ms", "ts_us", "ts_ns"):
+        payload.pop(name, None)
+    return payload
+
+
+def identity_report(by_id: dict[str, list[Record]], changes: list[Record]) -> str:
+    """Which copies of one change (same table, LSN, op and row image) got different identities, and how
+    their envelopes differ: what a failure needs to say (an intermittent one is not seen twice)."""
+    groups: dict[tuple[Any, ...], list[Record]] = {}
+    for r in changes:
+        c = r.json_value()["payload"]
+        groups.setdefault((c["source"]["table"], c["source"]["lsn"], c["op"], json.dumps(c["after"] or c["before"], sort_keys=True)), []).append(r)
+    lines = [f"{len(by_id)} identities for {len(groups)} distinct changes"]
+    for key, copies in groups.items():
+        payloads = {json.dumps(_payload_without_times(r), sort_keys=True) for r in copies}
+        if len(payloads) > 1:
+            lines.append(f"{key[:3]} at offsets {[r.offset for r in copies]}:")
+            lines.extend(f"  {p}" for p in sorted(payloads))
+    return "\n".join(lines[:40])
+
+
+def raw_report(raw: list[dict[str, Any]], by_id: dict[str, list[Record]], changes: list[Record]) -> str:
+    """The raw log's identities that no topic record has, with the record each came from, and the reverse."""
+    at = {(r.topic, r.partition, r.offset): r for r in changes}
+    raw_ids = {row["event_id"] for row in raw}
+    lines = [f"raw log {len(raw_ids)} identities, topics {len(by_id)}"]
+    for row in raw:
+        if row["event_id"] not in by_id:
+            record = at.get((row["kafka_topic"], row["kafka_partition"], row["kafka_offset"]))
+            lines.append(f"only in the raw log: {row}; the topic's record there: "
+                         f"{None if record is None else record.value.decode('utf-8')[-700:]}")  # type: ignore[union-attr]
+    for event_id, copies in by_id.items():
+        if event_id not in raw_ids:
+            lines.append(f"only in the topics: {event_id} at {[(r.topic, r.offset) for r in copies]}")
+    return "\n".join(lines[:40])
 
 
 def cdc_stream(config: Path, log: Path) -> StreamProcess:
@@ -147,17 +198,24 @@ def test_killed_connect_restarted_broker_and_killed_stream_lose_and_double_nothi
         # Every change record the topics hold, redelivered copies included, against the raw log.
         topics = [f"{PREFIX}.public.{t}" for t in (ACCOUNTS, MOVES)]
         records = consume_all(bed.broker.bootstrap, topics + [f"{PREFIX}.transaction"])
-        changes = [r.json_value()["payload"] for r in records if r.topic in topics and r.value is not None]
-        distinct = {(c["source"]["table"], c["source"]["lsn"], c["op"], json.dumps(c["after"] or c["before"], sort_keys=True)) for c in changes}
-        raw = query(cfg, "select event_id from raw_change_events")
-        assert len(raw) == len({r["event_id"] for r in raw}) == len(distinct), "every distinct change event once"
+        changes = [r for r in records if r.topic in topics and r.value is not None]
+        by_id = records_by_identity(changes)
+        by_change = {}
+        for r in changes:
+            c = r.json_value()["payload"]
+            by_change.setdefault((c["source"]["table"], c["source"]["lsn"], c["op"], json.dumps(c["after"] or c["before"], sort_keys=True)), set()).add(r.offset)
+        # A redelivered copy must carry the identity of its first delivery: one identity per distinct change.
+        assert len(by_id) == len(by_change), identity_report(by_id, changes)
+        raw = query(cfg, "select event_id, kafka_topic, kafka_partition, kafka_offset from raw_change_events")
+        assert len(raw) == len({r["event_id"] for r in raw}), "a change event twice in the raw log"
+        assert {r["event_id"] for r in raw} == set(by_id), raw_report(raw, by_id, changes)
         ends = {r.json_value()["payload"]["id"].split(":")[0] for r in records
                 if r.topic.endswith(".transaction") and r.json_value()["payload"]["status"] == "END"}
         txs = query(cfg, "select transaction_id from transactions")
         assert len(txs) == len({t["transaction_id"] for t in txs}) == len(ends) >= n_tx, "every source transaction once"
         assert query(cfg, "select count(*) as n from incomplete_transactions")[0]["n"] == 0
         assert query(cfg, "select reason_code, reason from dead_letter") == []
-        redelivered = len(changes) - len(distinct)
+        redelivered = len(changes) - len(by_id)
         print(f"{n_tx} transactions, {len(changes)} change records in Kafka, {redelivered} of them redelivered copies; "
               f"raw log {len(raw)} events")
     finally:
