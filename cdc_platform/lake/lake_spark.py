@@ -12,8 +12,8 @@ The rules every writer keeps:
   inserts nothing. The lookup names the partitions and position range the batch touches as literals,
   so its cost follows the batch.
 * Reads go through `spark.read.format("delta")`: the snapshot's own file list, never a directory
-  listing (which would include files the log removed); a small table's pinned version takes that list from
-  its checksum instead (`checksum_read`).
+  listing (which would include files the log removed). A small table's scan takes that list from the
+  version's checksum (the session's `ChecksumScan` rule, jvm/parser): no state replay, no file-skipping job.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.errors import ONE_WRITER, retry_conflicts
 from cdc_platform.lake import schemas
-from cdc_platform.lake.checksum_read import listed_frame
 from cdc_platform.lake.table_properties import STATS_COLUMNS_PROPERTY, checkpoint_interval, stats_columns
 from cdc_platform.spark.spark_jobs import side_by_side
 from cdc_platform.storage import LakePath, is_remote, spark_location
@@ -50,20 +49,24 @@ def location(path: LakePath | str) -> str:
     return spark_location(session(), path) if is_remote(path) else str(path)
 
 
+#: The session setting that turns the checksum listing of small tables' scans off (`false`), as a benchmark's
+#: variant compares (`small_batches.py --variant deltareads=spark.cdc.read.fromChecksum=false`); read by
+#: jvm/parser's `ChecksumScan` on every query, so it can be set at any time.
+CHECKSUM_READ_CONF = "spark.cdc.read.fromChecksum"
+#: The largest table, in bytes of data files, whose scans are listed from its checksum (default 16 MiB).
+CHECKSUM_READ_MAX_BYTES_CONF = "spark.cdc.read.fromChecksum.maxBytes"
+
 def read(spark: SparkSession, path: LakePath | str, version: int | None = None) -> DataFrame:
     """The table's current snapshot, or the one at `version` (time travel, `versionAsOf`).
 
     Without a version the DataFrame follows the table: every query over it (or over a temp view of it)
     reads the version current when that query is planned. A reader that decides something from one
     version (its history, its file statistics, another table read alongside) pins that version; a small
-    table's pinned version is read from its checksum's file list (`checksum_read`), without a state replay.
+    table's pinned version is listed from its checksum by the session's `ChecksumScan` rule, without a state replay.
     """
     where = location(path)
     if version is None:
         return spark.read.format("delta").load(where)
-    listed = listed_frame(spark, where, int(version))
-    if listed is not None:
-        return listed
     return spark.read.format("delta").option("versionAsOf", int(version)).load(where)
 
 

@@ -1,6 +1,6 @@
-"""A pinned read of a small table from its checksum's file list (`lake/checksum_read.py`, jvm/parser's
-`ChecksumRead`): the same rows and columns as Delta's own read of that version, without the state replay; and
-Delta's own read wherever the list cannot vouch for the files."""
+"""Scans of a small table listed from its checksum's file list (jvm/parser's `ChecksumScan` rule, every session's,
+and `ChecksumRead`): the same rows and columns as Delta's own read of that version, without the state replay or
+Delta's file-skipping job; and Delta's own read wherever the list cannot vouch for the files."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.lake import lake_spark
-from cdc_platform.lake.checksum_read import CHECKSUM_READ_CONF, CHECKSUM_READ_MAX_BYTES_CONF
+from cdc_platform.lake.lake_spark import CHECKSUM_READ_CONF, CHECKSUM_READ_MAX_BYTES_CONF
 
 SCHEMA = "k STRING, day DATE, v BIGINT"
 D1, D2 = dt.date(2026, 1, 1), dt.date(2026, 1, 2)
@@ -131,3 +131,76 @@ def test_the_frame_belongs_to_the_session_that_asked(spark: Any, table: Path) ->
         assert not spark.catalog.tableExists("checksum_read_other"), "the view went to the session that read"
     finally:
         other.catalog.dropTempView("checksum_read_other")
+
+
+# -- the optimizer rule (jvm/parser's `ChecksumScan`): every query's scan of a small table ------------------------
+
+
+def _scan_indexes(df: Any) -> tuple[int, int]:
+    """(scans Delta planned with its file-skipping job, scans listed from a checksum) in the query's plan."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    return plan.count("PreparedDeltaFileIndex"), plan.count("TahoeBatchFileIndex")
+
+
+def _current(spark: Any, table: Path) -> Any:
+    return spark.read.format("delta").load(str(table))
+
+
+def test_a_querys_scans_of_a_small_table_are_listed_from_its_checksum(spark: Any, table: Path) -> None:
+    """A query over a table's latest version (a catalog view's, a full view's) lists its files from the checksum,
+    the subquery's scan too, and reads the rows Delta's own planning reads; off, Delta plans each scan. (The
+    subquery filters: Delta would answer a bare `max(v)` from the log's statistics, with no scan at all.)"""
+    sql = f"SELECT k, v FROM delta.`{table}` WHERE day = '{D1}' AND v <= (SELECT max(v) FROM delta.`{table}` WHERE k <> 'z')"
+    listed = spark.sql(sql)
+    assert _scan_indexes(listed) == (0, 2)
+    spark.conf.set(CHECKSUM_READ_CONF, "false")
+    try:
+        own = spark.sql(sql)
+        assert _scan_indexes(own) == (2, 0)
+        assert _sorted(own) == [("a", 1), ("c", 3)]
+    finally:
+        spark.conf.unset(CHECKSUM_READ_CONF)
+    assert _sorted(listed) == [("a", 1), ("c", 3)]
+
+
+def test_each_query_lists_the_version_current_when_it_is_planned(spark: Any, table: Path) -> None:
+    """The files are pinned for one query only: the next query over the same DataFrame sees a later commit."""
+    frame = _current(spark, table)
+    assert frame.count() == 3
+    spark.createDataFrame([("e", D1, 5)], SCHEMA).write.format("delta").mode("append").save(str(table))
+    assert _scan_indexes(frame) == (0, 1) and frame.count() == 4
+    assert ("e", D1, 5) in _sorted(frame)
+
+
+def test_a_time_travel_query_is_listed_from_that_versions_checksum(spark: Any, table: Path) -> None:
+    old = spark.read.format("delta").option("versionAsOf", 1).load(str(table))
+    assert _scan_indexes(old) == (0, 1)
+    assert _sorted(old) == [("a", D1, 1), ("b", D2, 2)]
+
+
+def test_scans_the_list_cannot_vouch_for_or_inside_a_transaction_are_plannned_by_delta(spark: Any, table: Path) -> None:
+    """Over the size, and within an active Delta transaction (whose reads Delta records for its conflict check),
+    Delta plans the scan itself; a table with deletion vectors is read by Delta too (rows deleted stay hidden)."""
+    spark.conf.set(CHECKSUM_READ_MAX_BYTES_CONF, "1")
+    try:
+        assert _scan_indexes(_current(spark, table)) == (1, 0)
+    finally:
+        spark.conf.unset(CHECKSUM_READ_MAX_BYTES_CONF)
+
+    jvm = spark._jvm
+    txn = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(table)).startTransaction()
+    active = jvm.org.apache.spark.sql.delta.__getattr__("OptimisticTransaction$").__getattr__("MODULE$")
+    active.setActive(txn)
+    try:
+        in_txn = _current(spark, table).where("k = 'a'")
+        assert _scan_indexes(in_txn) == (1, 0)
+        assert txn.readPredicates().size() > 0, "Delta recorded the read for its conflict check"
+    finally:
+        active.clearActive()
+
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.createDataFrame([("x", D1, 7), ("y", D1, 8)], SCHEMA).coalesce(1).write.format("delta").mode("append").save(str(table))
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE k = 'x'")
+    after = _current(spark, table)
+    assert _scan_indexes(after) == (1, 0)
+    assert _sorted(after) == [("a", D1, 1), ("c", D1, 3), ("d", D2, 4), ("y", D1, 8)]

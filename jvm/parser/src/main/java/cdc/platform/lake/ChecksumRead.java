@@ -1,8 +1,5 @@
 package cdc.platform.lake;
 
-import org.apache.spark.sql.Dataset;
-import org.apache.spark.sql.Row;
-import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.delta.DeltaLog;
 import org.apache.spark.sql.delta.Snapshot;
 import org.apache.spark.sql.delta.VersionChecksum;
@@ -16,26 +13,25 @@ import scala.collection.immutable.Seq;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * A read of one version of a small Delta table from the file list its version checksum keeps, instead of from
- * the snapshot's replayed state.
+ * The files of one version of a small Delta table, from the list its version checksum keeps, instead of from the
+ * snapshot's replayed state: what {@link ChecksumScan} plans a query's scan of such a table with.
  *
- * <p>Why: the first query over a table version Delta has not scanned yet in this process plans its scan with
- * {@code filesForScan}, which reconstructs the snapshot's state (reads the log's checkpoint and commits with a
- * Spark job) before it can list a file. Every commit makes a new version, so a reader that pins the lake's tables
- * (every {@code cdc sql}, check and view registration) pays one such job per table it reads: in {@code cdc demo}'s counting, five of them one after another took 5.9 s
- * of its 9.6 s, on tables of a few kilobytes. Since Delta 3 every commit's checksum also lists a small table's
- * files ({@code allFilesInCrc}, on by default up to {@code allFilesInCrc.thresholdNumFiles} files, kept
- * incrementally by each commit and checked by Delta against the replayed state where it validates checksums),
- * and the snapshot carries that checksum in memory. This class builds the read from that list with Delta's own
- * {@code DeltaLog.createDataFrame} (its batch file index, its Parquet format with column mapping), as Delta
- * reads a known set of files itself.
+ * <p>Why: Delta plans a scan with {@code filesForScan}, which reconstructs the snapshot's state (reads the log's
+ * checkpoint and commits with a Spark job) the first time a version is scanned in this process, and then runs a
+ * file-skipping job over that state for every scan. Every commit makes a new version, so a reader that pins the
+ * lake's tables (every {@code cdc sql}, check and view registration) paid one reconstruction per table it reads: in
+ * {@code cdc demo}'s counting, five of them one after another took 5.9 s of its 9.6 s, on tables of a few
+ * kilobytes; and a lookup through a full view paid five file-skipping jobs. Since Delta 3 every commit's checksum
+ * also lists a small table's files ({@code allFilesInCrc}, on by default up to
+ * {@code allFilesInCrc.thresholdNumFiles} files, kept incrementally by each commit and checked by Delta against the
+ * replayed state where it validates checksums), and the snapshot carries that checksum in memory.
  *
- * <p>What it gives up is Delta's statistics-based file skipping (partition pruning stays, and Parquet's own
- * row-group statistics still apply), so it is only used for a table whose whole size is at most
- * {@value #DEFAULT_MAX_BYTES} bytes ({@link #MAX_BYTES}): reading every file of a table that small costs less
- * than the reconstruction. A table without such a list (more files, a checksum without one), over the size,
- * with deletion vectors, or with the setting {@link #ENABLED} off gets {@code null}: the caller reads it through
- * Delta's own path. The rows are the same either way; only the cost differs.
+ * <p>What a read from the list gives up is Delta's statistics-based file skipping (partition pruning stays, and
+ * Parquet's own row-group statistics still apply), so it is only used for a table whose whole size is at most
+ * {@value #DEFAULT_MAX_BYTES} bytes ({@link #MAX_BYTES}): reading every file of a table that small costs less than
+ * the reconstruction or the job. A table without such a list (more files, a checksum without one), over the size,
+ * with deletion vectors, or with the setting {@link #ENABLED} off gets {@code null}: Delta's own path. The rows are
+ * the same either way; only the cost differs.
  */
 public final class ChecksumRead {
     /** The session setting that turns these reads off ({@code false}), to compare. */
@@ -46,36 +42,6 @@ public final class ChecksumRead {
     public static final long DEFAULT_MAX_BYTES = 16L << 20;
 
     private ChecksumRead() {}
-
-    /**
-     * Version {@code version} of the Delta table at {@code path}, read from its checksum's file list, or
-     * {@code null} when this table or session takes Delta's own read (see the class comment).
-     */
-    public static Dataset<Row> frame(SparkSession spark, String path, long version) {
-        if ("false".equalsIgnoreCase(spark.conf().get(ENABLED, "true"))) {
-            return null;
-        }
-        long maxBytes = Long.parseLong(spark.conf().get(MAX_BYTES, Long.toString(DEFAULT_MAX_BYTES)));
-        DeltaLog log = DeltaLog.forTable(spark, path);
-        Snapshot snapshot = log.getSnapshotAt(version, Option.empty(), Option.empty(), false);
-        Seq<AddFile> files = listedFiles(log, snapshot, maxBytes);
-        if (files == null) {
-            return null;
-        }
-        // createDataFrame makes its Dataset in the thread's active session (DeltaLog's `spark`), which on a py4j
-        // thread can be another one (a streaming query's clone): a temp view of it would land in that session.
-        Option<SparkSession> active = SparkSession.getActiveSession();
-        SparkSession.setActiveSession(spark);
-        try {
-            return log.createDataFrame(snapshot, files, false, Option.empty());
-        } finally {
-            if (active.isDefined()) {
-                SparkSession.setActiveSession(active.get());
-            } else {
-                SparkSession.clearActiveSession();
-            }
-        }
-    }
 
     /**
      * The files of the snapshot's version from its checksum's list, or {@code null} when its checksum has no usable
