@@ -204,3 +204,13 @@ def test_scans_the_list_cannot_vouch_for_or_inside_a_transaction_are_plannned_by
     after = _current(spark, table)
     assert _scan_indexes(after) == (1, 0)
     assert _sorted(after) == [("a", D1, 1), ("c", D1, 3), ("d", D2, 4), ("y", D1, 8)]
+
+
+def test_a_size_limit_that_is_no_number_fails_the_query_saying_what_to_set(spark: Any, table: Path) -> None:
+    spark.conf.set(CHECKSUM_READ_MAX_BYTES_CONF, "16MiB")
+    try:
+        with pytest.raises(Exception, match="must be a whole number of bytes .* not '16MiB'"):
+            _current(spark, table).collect()
+    finally:
+        spark.conf.unset(CHECKSUM_READ_MAX_BYTES_CONF)
+    assert _current(spark, table).count() == 3

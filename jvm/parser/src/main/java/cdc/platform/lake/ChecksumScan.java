@@ -61,7 +61,7 @@ public final class ChecksumScan extends Rule<LogicalPlan> {
                 || OptimisticTransaction.getActive().isDefined()) {
             return plan;
         }
-        long maxBytes = Long.parseLong(spark.conf().get(ChecksumRead.MAX_BYTES, Long.toString(ChecksumRead.DEFAULT_MAX_BYTES)));
+        long maxBytes = maxBytes(spark.conf().get(ChecksumRead.MAX_BYTES, Long.toString(ChecksumRead.DEFAULT_MAX_BYTES)));
         return plan.transformUpWithSubqueries(new AbstractPartialFunction<LogicalPlan, LogicalPlan>() {
             @Override
             public boolean isDefinedAt(LogicalPlan node) {
@@ -84,6 +84,16 @@ public final class ChecksumScan extends Rule<LogicalPlan> {
                 return DeltaTableUtils.replaceFileIndex(node, listed);
             }
         });
+    }
+
+    /** The size limit's setting as a number of bytes; anything else fails the query with what to set instead. */
+    static long maxBytes(String setting) {
+        try {
+            return Long.parseLong(setting.trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(ChecksumRead.MAX_BYTES + " must be a whole number of bytes (default "
+                    + ChecksumRead.DEFAULT_MAX_BYTES + "), not '" + setting + "': set it to one, or unset it");
+        }
     }
 
     /** The Delta file index a batch scan of {@code node} plans with Delta's job, or {@code null}. */
