@@ -280,8 +280,9 @@ def test_a_views_sql_is_read_back_from_the_session(make_config, query, spark) ->
 
 
 def test_a_point_lookup_reads_only_its_key(make_config, query, spark) -> None:
-    """The key filter of a lookup on a full view reaches the scan of both layers (and so Delta's file
-    skipping), below the fold: the lookup's cost does not grow with the table."""
+    """The key filter of a lookup on a full view reaches the scan of both layers (and so Delta's file skipping
+    on a big table, Parquet's row-group statistics on one listed from its checksum), below the fold: the
+    lookup's cost does not grow with the table."""
     cfg = make_config({PEOPLE: {"key": ["id"]}})
     feed = Feed(cfg)
     feed(people())
