@@ -56,6 +56,7 @@ CHECKSUM_READ_CONF = "spark.cdc.read.fromChecksum"
 #: The largest table, in bytes of data files, whose scans are listed from its checksum (default 16 MiB).
 CHECKSUM_READ_MAX_BYTES_CONF = "spark.cdc.read.fromChecksum.maxBytes"
 
+
 def read(spark: SparkSession, path: LakePath | str, version: int | None = None) -> DataFrame:
     """The table's current snapshot, or the one at `version` (time travel, `versionAsOf`).
 

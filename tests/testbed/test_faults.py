@@ -79,15 +79,21 @@ def _payload_without_times(r: Record) -> dict[str, Any]:
     return payload
 
 
-def identity_report(by_id: dict[str, list[Record]], changes: list[Record]) -> str:
-    """Which copies of one change (same table, LSN, op and row image) got different identities, and how
-    their envelopes differ: what a failure needs to say (an intermittent one is not seen twice)."""
-    groups: dict[tuple[Any, ...], list[Record]] = {}
+def records_by_change(changes: list[Record]) -> dict[tuple[Any, ...], list[Record]]:
+    """The topics' change records by what the change is (table, LSN, op, row image): a redelivered copy joins
+    its first delivery."""
+    out: dict[tuple[Any, ...], list[Record]] = {}
     for r in changes:
         c = r.json_value()["payload"]
-        groups.setdefault((c["source"]["table"], c["source"]["lsn"], c["op"], json.dumps(c["after"] or c["before"], sort_keys=True)), []).append(r)
-    lines = [f"{len(by_id)} identities for {len(groups)} distinct changes"]
-    for key, copies in groups.items():
+        out.setdefault((c["source"]["table"], c["source"]["lsn"], c["op"], json.dumps(c["after"] or c["before"], sort_keys=True)), []).append(r)
+    return out
+
+
+def identity_report(by_id: dict[str, list[Record]], by_change: dict[tuple[Any, ...], list[Record]]) -> str:
+    """Which copies of one change got different identities, and how their envelopes differ: what a failure
+    needs to say (an intermittent one is not seen twice)."""
+    lines = [f"{len(by_id)} identities for {len(by_change)} distinct changes"]
+    for key, copies in by_change.items():
         payloads = {json.dumps(_payload_without_times(r), sort_keys=True) for r in copies}
         if len(payloads) > 1:
             lines.append(f"{key[:3]} at offsets {[r.offset for r in copies]}:")
@@ -200,12 +206,9 @@ def test_killed_connect_restarted_broker_and_killed_stream_lose_and_double_nothi
         records = consume_all(bed.broker.bootstrap, topics + [f"{PREFIX}.transaction"])
         changes = [r for r in records if r.topic in topics and r.value is not None]
         by_id = records_by_identity(changes)
-        by_change = {}
-        for r in changes:
-            c = r.json_value()["payload"]
-            by_change.setdefault((c["source"]["table"], c["source"]["lsn"], c["op"], json.dumps(c["after"] or c["before"], sort_keys=True)), set()).add(r.offset)
+        by_change = records_by_change(changes)
         # A redelivered copy must carry the identity of its first delivery: one identity per distinct change.
-        assert len(by_id) == len(by_change), identity_report(by_id, changes)
+        assert len(by_id) == len(by_change), identity_report(by_id, by_change)
         raw = query(cfg, "select event_id, kafka_topic, kafka_partition, kafka_offset from raw_change_events")
         assert len(raw) == len({r["event_id"] for r in raw}), "a change event twice in the raw log"
         assert {r["event_id"] for r in raw} == set(by_id), raw_report(raw, by_id, changes)
