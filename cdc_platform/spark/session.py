@@ -45,11 +45,12 @@ OBJECT_STORE_JARS_DIR = JARS_DIR.parents[1] / "jvm" / "object-store" / "jars"
 #: The envelope parser Spark runs (jvm/parser/, built by `make setup`: cdc_platform/parse/parse_spark.py):
 #: loaded by every session, and shipped with the others to a cluster's executors by `spark.jars`.
 PARSER_JARS_DIR = JARS_DIR.parents[1] / "jvm" / "parser" / "jars"
-#: Delta's extension, and the platform's (jvm/parser, `ChecksumScanExtension`): a query's scan of a small Delta
+#: The platform's extension (jvm/parser, `ChecksumScanExtension`), then Delta's: a query's scan of a small Delta
 #: table lists its files from the version's checksum instead of with Delta's file-skipping job (one a scan; a
-#: full-view lookup plans five). A session without the parser's jar warns once and reads through Delta's path.
+#: full-view lookup plans five). Listed first so that its rule runs just before Delta's `PrepareDeltaScan` in
+#: their shared once-a-query batch. A session without the parser's jar warns once and reads through Delta's path.
 DELTA_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension,cdc.platform.lake.ChecksumScanExtension",
+    "spark.sql.extensions": "cdc.platform.lake.ChecksumScanExtension,io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 

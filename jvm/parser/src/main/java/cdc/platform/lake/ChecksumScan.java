@@ -38,7 +38,8 @@ import scala.runtime.AbstractPartialFunction;
  * <p>Which version: the one Delta would scan, {@code TahoeLogFileIndex.getSnapshot} (the table's latest, with
  * Delta's check that its schema still reads as analysed; a time-travel read's pinned one), taken once per table
  * for the whole query, subqueries included, as Delta pins a table's first-access snapshot for a query. Spark
- * builds its optimizer's rules for each query it optimises, so that pin never outlives the query.
+ * builds its optimizer's rules for each query it optimises, so that pin never outlives the query. The rule runs once
+ * per query, just before {@code PrepareDeltaScan} in the same pre-CBO batch ({@link ChecksumScanExtension}).
  */
 public final class ChecksumScan extends Rule<LogicalPlan> {
     private final SparkSession spark;

@@ -9,15 +9,17 @@ import scala.runtime.AbstractFunction1;
 import scala.runtime.BoxedUnit;
 
 /**
- * Installs {@link ChecksumScan} in a session's optimizer, named in {@code spark.sql.extensions} beside Delta's own
- * extension (cdc_platform/spark/session.py). Its rules run in the operator optimisation, before Delta's
- * {@code PrepareDeltaScan} (a pre-CBO rule), which then leaves the listed scans alone. A session whose class path
- * lacks this jar logs Spark's warning and reads through Delta's path only.
+ * Installs {@link ChecksumScan} in a session's optimizer, named in {@code spark.sql.extensions} ahead of Delta's own
+ * extension (cdc_platform/spark/session.py). It is a pre-CBO rule, as Delta's {@code PrepareDeltaScan} is: that batch
+ * runs once per query, after the filters are pushed down, and its rules in the order their extensions are listed, so
+ * this one runs just before Delta's, which then leaves the listed scans alone. (In the operator optimisation it
+ * would walk the plan on every round of that fixed-point batch.) A session whose class path lacks this jar logs
+ * Spark's warning and reads through Delta's path only.
  */
 public final class ChecksumScanExtension extends AbstractFunction1<SparkSessionExtensions, BoxedUnit> {
     @Override
     public BoxedUnit apply(SparkSessionExtensions extensions) {
-        extensions.injectOptimizerRule(new AbstractFunction1<SparkSession, Rule<LogicalPlan>>() {
+        extensions.injectPreCBORule(new AbstractFunction1<SparkSession, Rule<LogicalPlan>>() {
             @Override
             public Rule<LogicalPlan> apply(SparkSession session) {
                 return new ChecksumScan(session);
